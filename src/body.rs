@@ -1,0 +1,154 @@
+//! The one body type that flows through the gateway, in both directions, and the
+//! limited read of a request body.
+//!
+//! An enum instead of a boxed body: the proxy sits on every webhook, so the hot path
+//! avoids a heap allocation per message just to erase a type.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+/// A request or response body: buffered bytes, a stream from a peer, or a stream whose
+/// first chunks were already read (a `replay` response too large to store).
+#[derive(Debug)]
+pub enum Body {
+    Full(Option<Bytes>),
+    Incoming(Incoming),
+    Prefixed {
+        head: std::vec::IntoIter<Bytes>,
+        rest: Incoming,
+    },
+}
+
+impl Body {
+    pub fn empty() -> Self {
+        Body::Full(None)
+    }
+
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
+        Body::Full((!bytes.is_empty()).then_some(bytes))
+    }
+}
+
+impl From<Incoming> for Body {
+    fn from(incoming: Incoming) -> Self {
+        Body::Incoming(incoming)
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Body::Incoming(incoming) => Pin::new(incoming).poll_frame(cx),
+            Body::Prefixed { head, rest } => match head.next() {
+                Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+                None => Pin::new(rest).poll_frame(cx),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Full(bytes) => bytes.is_none(),
+            Body::Incoming(incoming) => incoming.is_end_stream(),
+            Body::Prefixed { head, rest } => head.len() == 0 && rest.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Body::Incoming(incoming) => incoming.size_hint(),
+            Body::Prefixed { head, rest } => {
+                let buffered: u64 = head.as_slice().iter().map(|b| b.len() as u64).sum();
+                let rest = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(buffered + rest.lower());
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(buffered + upper);
+                }
+                hint
+            }
+        }
+    }
+}
+
+/// Why a limited read ended without a body.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("body exceeds {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("reading the body failed: {0}")]
+    Broken(#[source] hyper::Error),
+}
+
+/// Reads a whole body, refusing one longer than `limit` bytes whether it announces its
+/// length or arrives chunked (a `size_hint` check alone would miss chunked bodies).
+pub async fn read_limited(mut body: Incoming, limit: u64) -> Result<Bytes, ReadError> {
+    if body.size_hint().lower() > limit {
+        return Err(ReadError::TooLarge { limit });
+    }
+    let mut first: Option<Bytes> = None;
+    let mut rest: Vec<u8> = Vec::new();
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(ReadError::Broken)?.into_data() else {
+            continue; // trailers carry nothing we forward or key on
+        };
+        total += data.len() as u64;
+        if total > limit {
+            return Err(ReadError::TooLarge { limit });
+        }
+        // The common case is one chunk: keep it without copying.
+        match &first {
+            None if rest.is_empty() => first = Some(data),
+            _ => {
+                if let Some(chunk) = first.take() {
+                    rest.extend_from_slice(&chunk);
+                }
+                rest.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(rest)))
+}
+
+/// Reads at most `limit` bytes of a body. `Ok(Ok(bytes))` when the whole body fit;
+/// `Ok(Err(body))` when it did not, with a body that still yields every byte.
+pub async fn read_up_to(
+    mut body: Incoming,
+    limit: usize,
+) -> Result<Result<Bytes, Body>, hyper::Error> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        total += data.len();
+        chunks.push(data);
+        if total > limit {
+            return Ok(Err(Body::Prefixed {
+                head: chunks.into_iter(),
+                rest: body,
+            }));
+        }
+    }
+    Ok(Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => chunks.concat().into(),
+    }))
+}

@@ -1,0 +1,298 @@
+//! Configuration: `gateway.toml` read into validated types holding parsed addresses,
+//! matchers and policies. Every problem is reported with its key path, all at once.
+//!
+//! Precedence per route setting: the route's own value, then `[defaults]`, then the
+//! built-in default (SPEC.md).
+
+pub mod read;
+mod route;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use read::{Problems, Section};
+pub use route::{DuplicateAnswer, PathPattern, RouteConfig, RoutePolicy};
+
+use crate::dedup::policy::OnStoreError;
+
+/// The whole validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store: StoreConfig,
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Proxy listener (HTTP/1.1 and h2c).
+    pub listen: SocketAddr,
+    /// `/healthz`, `/livez`, `/readyz`, `/metrics`; `None` disables them.
+    pub admin_listen: Option<SocketAddr>,
+    /// Larger request bodies get 413; nothing is stored or forwarded.
+    pub max_body: u64,
+    /// Slow clients are cut off when their headers take longer than this.
+    pub header_timeout: Duration,
+    /// On SIGTERM: keep accepting (while reporting not-ready) for this long, so load
+    /// balancers stop sending before the listener closes.
+    pub shutdown_delay: Duration,
+    /// On SIGTERM: how long in-flight requests may still finish.
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    /// Bound on every store call.
+    pub timeout: Duration,
+    /// Prepended to every stored key (`<prefix><route>:<value>`).
+    pub key_prefix: String,
+    pub on_error: OnStoreError,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Memory {
+        max_entries: usize,
+    },
+    Redis {
+        target: RedisTarget,
+        pool_size: usize,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisTarget {
+    Standalone(String),
+    Cluster(Vec<String>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("{} problem(s) in {path}:\n  {}", problems.len(), problems.join("\n  "))]
+    Invalid { path: String, problems: Vec<String> },
+}
+
+impl ConfigError {
+    /// Each problem as `key.path: what is wrong`.
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            ConfigError::Invalid { problems, .. } => problems.clone(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| e.at(path))
+    }
+
+    /// Parses a config from TOML text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: String::new(),
+            message: e.to_string(),
+        })?;
+        let mut problems = Problems::default();
+        let mut root = Section::new("", &table);
+        let server = parse_server(root.section("server", &mut problems), &mut problems);
+        let store = parse_store(root.section("store", &mut problems), &mut problems);
+        let defaults = root
+            .section("defaults", &mut problems)
+            .map(|s| route::Settings::parse_defaults(s, &mut problems))
+            .unwrap_or_default();
+        let sections = root.sections("routes", &mut problems);
+        root.finish(&mut problems);
+        let routes = route::build_routes(sections, &defaults, store.as_ref(), &mut problems);
+        match (server, store) {
+            (Some(server), Some(store)) if problems.is_empty() => Ok(Config {
+                server,
+                store,
+                routes,
+            }),
+            _ => Err(ConfigError::Invalid {
+                path: String::new(),
+                problems: problems.into_vec(),
+            }),
+        }
+    }
+}
+
+impl ConfigError {
+    fn at(self, file: &Path) -> Self {
+        let file = file.display().to_string();
+        match self {
+            ConfigError::Syntax { message, .. } => ConfigError::Syntax {
+                path: file,
+                message,
+            },
+            ConfigError::Invalid { problems, .. } => ConfigError::Invalid {
+                path: file,
+                problems,
+            },
+            other => other,
+        }
+    }
+}
+
+fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<ServerConfig> {
+    let empty = toml::Table::new();
+    let mut s = section.unwrap_or_else(|| Section::new("server", &empty));
+    let listen = socket_addr(&mut s, "listen", problems);
+    let admin_listen = socket_addr(&mut s, "admin_listen", problems);
+    let server = ServerConfig {
+        listen: listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080))),
+        admin_listen,
+        max_body: s.size("max_body", problems).unwrap_or(1 << 20),
+        header_timeout: s
+            .duration("header_timeout", problems)
+            .unwrap_or(Duration::from_secs(10)),
+        shutdown_delay: s
+            .duration("shutdown_delay", problems)
+            .unwrap_or(Duration::ZERO),
+        shutdown_grace: s
+            .duration("shutdown_grace", problems)
+            .unwrap_or(Duration::from_secs(30)),
+    };
+    if server.header_timeout.is_zero() {
+        problems.push(s.path_of("header_timeout"), "must be greater than 0");
+    }
+    s.finish(problems);
+    Some(server)
+}
+
+fn socket_addr(s: &mut Section, key: &'static str, problems: &mut Problems) -> Option<SocketAddr> {
+    let text = s.string(key, problems)?;
+    match text.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            problems.push(
+                s.path_of(key),
+                format!("invalid address {text:?} (expected e.g. \"127.0.0.1:8080\")"),
+            );
+            None
+        }
+    }
+}
+
+fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<StoreConfig> {
+    let empty = toml::Table::new();
+    let mut s = section.unwrap_or_else(|| Section::new("store", &empty));
+    let backend_name = s.string("backend", problems).unwrap_or("memory");
+    let max_entries = s.integer("max_entries", u64::from(u32::MAX), problems);
+    let url = s.string("url", problems);
+    let cluster = s.strings("cluster", problems);
+    let pool_size = s.integer("pool_size", 4096, problems);
+    let timeout = s
+        .duration("timeout", problems)
+        .unwrap_or(Duration::from_millis(250));
+    let key_prefix = s
+        .string("key_prefix", problems)
+        .unwrap_or("dedup:")
+        .to_owned();
+    let on_error = s
+        .choice("on_error", problems)
+        .unwrap_or(OnStoreError::Reject);
+    if timeout.is_zero() {
+        problems.push(s.path_of("timeout"), "must be greater than 0");
+    }
+    let only_for = |key: &'static str, backend: &str, problems: &mut Problems| {
+        problems.push(
+            s.path_of(key),
+            format!("only applies to backend = {backend:?}"),
+        )
+    };
+    let backend = match backend_name {
+        "memory" => {
+            for (key, set) in [
+                ("url", url.is_some()),
+                ("cluster", cluster.is_some()),
+                ("pool_size", pool_size.is_some()),
+            ] {
+                if set {
+                    only_for(key, "redis", problems);
+                }
+            }
+            match max_entries.unwrap_or(1_000_000) {
+                0 => {
+                    problems.push(s.path_of("max_entries"), "must be at least 1");
+                    None
+                }
+                n => Some(Backend::Memory {
+                    max_entries: n as usize,
+                }),
+            }
+        }
+        "redis" => {
+            if max_entries.is_some() {
+                only_for("max_entries", "memory", problems);
+            }
+            let target = match (url, cluster) {
+                (Some(url), None) => {
+                    redis_url(&s.path_of("url"), url, problems).map(RedisTarget::Standalone)
+                }
+                (None, Some(seeds)) if !seeds.is_empty() => seeds
+                    .into_iter()
+                    .map(|(path, url)| redis_url(&path, url, problems))
+                    .collect::<Option<Vec<_>>>()
+                    .map(RedisTarget::Cluster),
+                (None, _) => {
+                    problems.push(
+                        s.path_of("url"),
+                        "backend = \"redis\" needs url (or cluster = [seed urls])",
+                    );
+                    None
+                }
+                (Some(_), Some(_)) => {
+                    problems.push(s.path_of("cluster"), "set either url or cluster, not both");
+                    None
+                }
+            };
+            let pool_size = pool_size.unwrap_or(32) as usize;
+            if pool_size == 0 {
+                problems.push(s.path_of("pool_size"), "must be at least 1");
+            }
+            target.map(|target| Backend::Redis { target, pool_size })
+        }
+        other => {
+            problems.push(
+                s.path_of("backend"),
+                format!("unknown backend {other:?} (expected \"memory\" or \"redis\")"),
+            );
+            None
+        }
+    };
+    s.finish(problems);
+    Some(StoreConfig {
+        backend: backend?,
+        timeout,
+        key_prefix,
+        on_error,
+    })
+}
+
+fn redis_url(path: &str, url: &str, problems: &mut Problems) -> Option<String> {
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        Some(url.to_owned())
+    } else {
+        problems.push(
+            path,
+            format!("{url:?} must start with redis:// or rediss://"),
+        );
+        None
+    }
+}

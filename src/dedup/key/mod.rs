@@ -1,0 +1,364 @@
+//! Key extraction: which sources a route reads its message id from, how a request
+//! yields one (or why it does not), and the stored key built from it.
+//!
+//! A new source is one variant of [`Source`] and, if it parses the body, one file here.
+
+mod json;
+
+use std::borrow::Cow;
+use std::fmt;
+
+use http::HeaderName;
+use sha2::{Digest, Sha256};
+
+pub use json::Pointer;
+
+/// What a key is derived from: the request head and its whole body.
+#[derive(Clone, Copy)]
+pub struct Input<'a> {
+    pub head: &'a http::request::Parts,
+    pub body: &'a [u8],
+}
+
+/// Why a source yielded no value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Miss {
+    NotFound,
+    Empty,
+    NotJson,
+    NotForm,
+    NotUtf8,
+    WrongType(&'static str),
+}
+
+impl fmt::Display for Miss {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            Miss::NotFound => f.write_str("not present"),
+            Miss::Empty => f.write_str("empty"),
+            Miss::NotJson => f.write_str("body is not valid JSON"),
+            Miss::NotForm => f.write_str("body is not application/x-www-form-urlencoded"),
+            Miss::NotUtf8 => f.write_str("not valid UTF-8"),
+            Miss::WrongType(t) => write!(f, "is {t}, not a string or number"),
+        }
+    }
+}
+
+/// One place a message id can be read from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Json(Pointer),
+    Header(HeaderName),
+    Query(String),
+    Form(String),
+    /// SHA-256 of the raw body, for senders without ids.
+    Body,
+}
+
+impl Source {
+    /// Parses one source, e.g. `json:/msgId` or `header:X-GitHub-Delivery`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let named = |rest: &str, what: &str| {
+            if rest.is_empty() {
+                Err(format!("{text:?}: missing the {what} name"))
+            } else {
+                Ok(rest.to_owned())
+            }
+        };
+        if text == "body" {
+            Ok(Source::Body)
+        } else if let Some(pointer) = text.strip_prefix("json:") {
+            Pointer::parse(pointer).map(Source::Json)
+        } else if let Some(name) = text.strip_prefix("header:") {
+            HeaderName::try_from(named(name, "header")?)
+                .map(Source::Header)
+                .map_err(|_| format!("{text:?}: invalid header name"))
+        } else if let Some(name) = text.strip_prefix("query:") {
+            named(name, "query parameter").map(Source::Query)
+        } else if let Some(name) = text.strip_prefix("form:") {
+            named(name, "form field").map(Source::Form)
+        } else if text.starts_with("xml:") {
+            Err(format!(
+                "{text:?}: xml: sources are not supported by this build yet"
+            ))
+        } else {
+            Err(format!(
+                "unknown source {text:?} (expected json:, xml:, header:, query:, form:, body)"
+            ))
+        }
+    }
+
+    fn extract<'a>(&self, input: Input<'a>) -> Result<Cow<'a, str>, Miss> {
+        match self {
+            Source::Json(pointer) => pointer.lookup(input.body),
+            Source::Header(name) => {
+                let value = input.head.headers.get(name).ok_or(Miss::NotFound)?;
+                non_empty(Cow::Borrowed(
+                    std::str::from_utf8(value.as_bytes()).map_err(|_| Miss::NotUtf8)?,
+                ))
+            }
+            Source::Query(name) => {
+                let query = input.head.uri.query().ok_or(Miss::NotFound)?;
+                field(query.as_bytes(), name)
+            }
+            Source::Form(name) => {
+                if !is_form(input.head) {
+                    return Err(Miss::NotForm);
+                }
+                field(input.body, name)
+            }
+            Source::Body if input.body.is_empty() => Err(Miss::Empty),
+            Source::Body => Ok(Cow::Owned(hex::encode(Sha256::digest(input.body)))),
+        }
+    }
+}
+
+fn non_empty(value: Cow<'_, str>) -> Result<Cow<'_, str>, Miss> {
+    if value.is_empty() {
+        Err(Miss::Empty)
+    } else {
+        Ok(value)
+    }
+}
+
+/// The first `name=value` pair of a urlencoded string; `+` and `%xx` decoded.
+fn field<'a>(encoded: &'a [u8], name: &str) -> Result<Cow<'a, str>, Miss> {
+    form_urlencoded::parse(encoded)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .ok_or(Miss::NotFound)
+        .and_then(non_empty)
+}
+
+fn is_form(head: &http::request::Parts) -> bool {
+    head.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| {
+            mime.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
+}
+
+/// One entry of a route's `key` list: a source, or `a+b` parts that must all be present.
+#[derive(Clone, Debug)]
+pub struct Alternative {
+    text: String,
+    parts: Vec<Source>,
+}
+
+impl Alternative {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let parts = text
+            .split('+')
+            .map(Source::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Alternative {
+            text: text.to_owned(),
+            parts,
+        })
+    }
+
+    fn derive<'a>(&self, input: Input<'a>) -> Result<Cow<'a, str>, (usize, Miss)> {
+        if let [single] = self.parts.as_slice() {
+            return single.extract(input).map_err(|miss| (0, miss));
+        }
+        let mut joined = String::new();
+        for (i, part) in self.parts.iter().enumerate() {
+            let value = part.extract(input).map_err(|miss| (i, miss))?;
+            if i > 0 {
+                joined.push('+');
+            }
+            joined.push_str(&value);
+        }
+        Ok(Cow::Owned(joined))
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+/// A route's ordered key sources: the first one that yields a value wins.
+#[derive(Clone, Debug)]
+pub struct KeySpec(Vec<Alternative>);
+
+impl KeySpec {
+    pub fn new(alternatives: Vec<Alternative>) -> Self {
+        KeySpec(alternatives)
+    }
+
+    pub fn alternatives(&self) -> &[Alternative] {
+        &self.0
+    }
+
+    /// The message id of a request, if any source yields one.
+    pub fn derive<'a>(&self, input: Input<'a>) -> Option<Cow<'a, str>> {
+        self.0.iter().find_map(|alt| alt.derive(input).ok())
+    }
+
+    /// Like [`KeySpec::derive`], but says why each source before the winner yielded nothing.
+    pub fn explain<'a>(&self, input: Input<'a>) -> (Option<(&str, Cow<'a, str>)>, Vec<String>) {
+        let mut misses = Vec::new();
+        for alt in &self.0 {
+            match alt.derive(input) {
+                Ok(value) => return (Some((alt.text(), value)), misses),
+                Err((i, miss)) if alt.parts.len() > 1 => {
+                    misses.push(format!("{}: part {} {miss}", alt.text, i + 1))
+                }
+                Err((_, miss)) => misses.push(format!("{}: {miss}", alt.text)),
+            }
+        }
+        (None, misses)
+    }
+}
+
+/// The longest message id stored as written; longer ones are hashed.
+const MAX_PLAIN_LEN: usize = 128;
+
+/// `<prefix><route>:<value>`, with the value replaced by `sha256:<hex>` when it is long
+/// or holds bytes a store key should not (space, control, non-ASCII, or `{`/`}` which
+/// would let a sender choose a Redis Cluster slot).
+pub fn stored_key(prefix: &str, route: &str, value: &str) -> String {
+    let plain = value.len() <= MAX_PLAIN_LEN
+        && value
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
+    let value_len = if plain { value.len() } else { 7 + 64 };
+    let mut key = String::with_capacity(prefix.len() + route.len() + 1 + value_len);
+    key.push_str(prefix);
+    key.push_str(route);
+    key.push(':');
+    if plain {
+        key.push_str(value);
+    } else {
+        key.push_str("sha256:");
+        key.push_str(&hex::encode(Sha256::digest(value.as_bytes())));
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(uri: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut req = http::Request::post(uri);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.body(()).expect("request").into_parts().0
+    }
+
+    fn spec(sources: &[&str]) -> KeySpec {
+        KeySpec::new(
+            sources
+                .iter()
+                .map(|s| Alternative::parse(s).expect("source"))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn first_source_that_yields_wins() {
+        let h = head("/", &[]);
+        let key = spec(&["json:/msgId", "json:/data/msgId", "json:/eventId"]);
+        let input = Input {
+            head: &h,
+            body: br#"{"data":{"msgId":"d"},"eventId":"e"}"#,
+        };
+        assert_eq!(key.derive(input).as_deref(), Some("d"));
+        let (found, misses) = key.explain(input);
+        assert_eq!(
+            found.map(|(s, v)| (s, v.into_owned())),
+            Some(("json:/data/msgId", "d".to_owned()))
+        );
+        assert_eq!(misses, vec!["json:/msgId: not present"]);
+    }
+
+    #[test]
+    fn header_query_form_body_and_composite() {
+        let h = head(
+            "/hook?msg_id=q%201&x=2",
+            &[
+                ("x-github-delivery", "gh-1"),
+                (
+                    "content-type",
+                    "application/x-www-form-urlencoded; charset=utf-8",
+                ),
+            ],
+        );
+        let body = b"msg_id=f+1&CreateTime=170";
+        let input = Input { head: &h, body };
+        assert_eq!(
+            spec(&["header:X-GitHub-Delivery"]).derive(input).as_deref(),
+            Some("gh-1")
+        );
+        assert_eq!(
+            spec(&["query:msg_id"]).derive(input).as_deref(),
+            Some("q 1")
+        );
+        assert_eq!(spec(&["form:msg_id"]).derive(input).as_deref(), Some("f 1"));
+        assert_eq!(
+            spec(&["form:msg_id+query:x"]).derive(input).as_deref(),
+            Some("f 1+2")
+        );
+        assert_eq!(spec(&["form:msg_id+query:nope"]).derive(input), None);
+        let digest = spec(&["body"]).derive(input).expect("digest");
+        assert_eq!(digest.len(), 64);
+        assert_eq!(digest, hex::encode(Sha256::digest(body)));
+    }
+
+    #[test]
+    fn form_needs_a_form_body_and_body_needs_bytes() {
+        let h = head("/", &[("content-type", "application/json")]);
+        let input = Input {
+            head: &h,
+            body: b"msg_id=1",
+        };
+        assert_eq!(
+            spec(&["form:msg_id"]).explain(input).1,
+            vec!["form:msg_id: body is not application/x-www-form-urlencoded"]
+        );
+        assert_eq!(
+            spec(&["body"]).derive(Input {
+                head: &h,
+                body: b""
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn source_errors_name_the_choices() {
+        assert_eq!(
+            Source::parse("jsn:/msgId").expect_err("bad"),
+            "unknown source \"jsn:/msgId\" (expected json:, xml:, header:, query:, form:, body)"
+        );
+        assert!(Source::parse("header:").is_err());
+        assert!(Source::parse("header:bad name").is_err());
+    }
+
+    #[test]
+    fn stored_keys_hash_what_a_sender_could_abuse() {
+        assert_eq!(stored_key("dedup:", "bot", "m1"), "dedup:bot:m1");
+        let hashed = |v: &str| {
+            format!(
+                "dedup:bot:sha256:{}",
+                hex::encode(Sha256::digest(v.as_bytes()))
+            )
+        };
+        for value in ["a b", "{slot}x", "é", &"x".repeat(129), "tab\t"] {
+            assert_eq!(
+                stored_key("dedup:", "bot", value),
+                hashed(value),
+                "{value:?}"
+            );
+        }
+        assert_eq!(
+            stored_key("dedup:", "bot", &"x".repeat(128)),
+            format!("dedup:bot:{}", "x".repeat(128))
+        );
+    }
+}

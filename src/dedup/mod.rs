@@ -1,0 +1,238 @@
+//! The dedup state machine: claim -> forward -> complete | release, and what a request
+//! that finds the key already claimed gets. See `STATE_MACHINE.md` beside this file.
+//!
+//! Every path ends in one of: forwarded once, answered as duplicate, or told to retry.
+
+pub mod key;
+mod owner;
+pub mod policy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use tokio::time::Instant;
+
+use crate::body::Body;
+use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::metrics::{StoreOp, UpstreamClass};
+use crate::outcome::Outcome;
+use crate::proxy::{self, Peer, UpstreamError};
+use crate::routing::Route;
+use crate::store::{Claim, Marker, Store, StoreError, StoredResponse, Token, unix_ms};
+use policy::{InFlight, Mode, OnStoreError};
+
+/// A request whose body has been read and whose key has been derived.
+pub struct Request {
+    pub head: http::request::Parts,
+    pub body: Bytes,
+    pub peer: Peer,
+}
+
+/// How a request ended well: what to count and what to send.
+pub struct Answer {
+    pub outcome: Outcome,
+    pub response: Response<Body>,
+}
+
+/// Runs one keyed request through the state machine.
+pub async fn process(
+    gw: &Arc<Gateway>,
+    route: &Arc<Route>,
+    key: String,
+    req: Request,
+) -> Result<Answer, GatewayError> {
+    let policy = &route.config.policy;
+    let token = Token::generate();
+    let first_seen_ms = unix_ms();
+    let deadline = Instant::now() + policy.in_flight_wait;
+    let mut waits = 0u32;
+    loop {
+        let marker = match claim(gw, &key, token, first_seen_ms, policy.processing_ttl).await {
+            Ok(Claim::Claimed) => {
+                return owner::run(gw, route, key, token, first_seen_ms, req).await;
+            }
+            Ok(Claim::Found(marker)) => marker,
+            Err(error) => return store_failed(gw, route, &key, error, req).await,
+        };
+        if waits == 0 {
+            let age = unix_ms().saturating_sub(marker.first_seen_ms());
+            route.metrics.duplicate_age(Duration::from_millis(age));
+        }
+        if policy.mode == Mode::Shadow {
+            let outcome = match marker {
+                Marker::Completed { .. } => Outcome::ShadowDuplicate,
+                Marker::Processing { .. } => Outcome::ShadowInFlight,
+            };
+            return forward_unowned(gw, route, req, outcome).await;
+        }
+        let holder = match marker {
+            Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
+            Marker::Processing { token, .. } => token,
+        };
+        match policy.on_in_flight {
+            InFlight::Conflict => return Err(GatewayError::InFlight),
+            InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
+            InFlight::Wait => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(GatewayError::InFlight);
+                }
+                gw.store.wait(&key, holder, waits, deadline - now).await;
+                waits += 1;
+            }
+        }
+    }
+}
+
+/// Claims `key`, retrying once when the first reply is lost or fails: the claim may
+/// have landed, and the retry (same token) shows it as ours, so an ambiguous reply
+/// never turns into a "duplicate" for a message nobody forwarded.
+async fn claim(
+    gw: &Gateway,
+    key: &str,
+    token: Token,
+    first_seen_ms: u64,
+    ttl: Duration,
+) -> Result<Claim, StoreError> {
+    let call = || {
+        timed(
+            gw,
+            StoreOp::Claim,
+            gw.store.claim(key, token, first_seen_ms, ttl),
+        )
+    };
+    let result = match call().await {
+        Err(_) => call().await,
+        ok => ok,
+    };
+    match result? {
+        Claim::Found(Marker::Processing { token: holder, .. }) if holder == token => {
+            Ok(Claim::Claimed)
+        }
+        claim => Ok(claim),
+    }
+}
+
+/// Measures and counts one store call.
+async fn timed<T>(
+    gw: &Gateway,
+    op: StoreOp,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = Instant::now();
+    let result = call.await;
+    gw.metrics
+        .store_call(op, started.elapsed(), result.is_err());
+    result
+}
+
+async fn store_failed(
+    gw: &Arc<Gateway>,
+    route: &Arc<Route>,
+    key: &str,
+    error: StoreError,
+    req: Request,
+) -> Result<Answer, GatewayError> {
+    let route_name = &route.config.name;
+    match gw.on_store_error {
+        OnStoreError::Reject => {
+            tracing::warn!(route = %route_name, key, %error, "store unavailable: answering 503");
+            Err(GatewayError::StoreUnavailable(error))
+        }
+        OnStoreError::Forward => {
+            tracing::warn!(route = %route_name, key, %error, "store unavailable: forwarding without dedup");
+            forward_unowned(gw, route, req, Outcome::StoreUnavailable).await
+        }
+    }
+}
+
+/// Forwards a request nobody claimed (no key, shadow mode, store down). Nothing to
+/// complete or release, so it runs in the caller's task.
+pub async fn forward_unowned(
+    gw: &Gateway,
+    route: &Route,
+    req: Request,
+    outcome: Outcome,
+) -> Result<Answer, GatewayError> {
+    let request = proxy::upstream_request(
+        req.head,
+        Body::full(req.body),
+        &route.config.upstream,
+        req.peer,
+    )
+    .map_err(|e| GatewayError::Internal(e.to_string()))?;
+    let response = send(gw, route, request)
+        .await
+        .map_err(|error| GatewayError::Upstream { error, outcome })?;
+    Ok(answer(outcome, proxy::downstream_response(response)))
+}
+
+/// Sends to the route's upstream, counting the result class and latency.
+pub async fn send(
+    gw: &Gateway,
+    route: &Route,
+    request: http::Request<Body>,
+) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
+    let started = Instant::now();
+    let result = gw
+        .upstream
+        .send(request, route.config.policy.upstream_timeout)
+        .await;
+    let class = match &result {
+        Ok(response) => UpstreamClass::of_status(response.status()),
+        Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,
+        Err(_) => UpstreamClass::Error,
+    };
+    route.metrics.upstream(class, started.elapsed());
+    result
+}
+
+fn answer(outcome: Outcome, response: Response<Body>) -> Answer {
+    Answer { outcome, response }
+}
+
+/// The answer for a COMPLETED marker: the stored response with `replay`, else the
+/// route's duplicate answer.
+fn duplicate(route: &Route, stored: Option<&StoredResponse>) -> Answer {
+    match stored {
+        Some(stored) if route.config.policy.replay => {
+            let mut response = Response::new(Body::full(stored.body.clone()));
+            *response.status_mut() = stored.status;
+            if let Some(ct) = &stored.content_type {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, ct.clone());
+            }
+            answer(Outcome::Replayed, response)
+        }
+        _ => answer(Outcome::Duplicate, duplicate_response(route)),
+    }
+}
+
+/// The route's configured duplicate answer (`duplicate_status`, `_body`, `_content_type`).
+pub fn duplicate_response(route: &Route) -> Response<Body> {
+    let dup = &route.config.policy.duplicate;
+    let mut response = Response::new(Body::full(dup.body.clone()));
+    *response.status_mut() = dup.status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, dup.content_type.clone());
+    response
+}
+
+/// A 2xx response worth storing for `replay`, or `None` if it cannot be replayed.
+fn storable(
+    status: StatusCode,
+    content_type: Option<&HeaderValue>,
+    body: &Bytes,
+) -> Option<StoredResponse> {
+    (body.len() <= crate::store::MAX_STORED_BODY).then(|| StoredResponse {
+        status,
+        content_type: content_type.cloned(),
+        body: body.clone(),
+    })
+}

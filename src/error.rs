@@ -1,0 +1,166 @@
+//! The errors that end a request, and the one mapping from each to its answer
+//! (status, `x-dedup-status` outcome, short reason). Tests pin every row.
+
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::body::Body;
+use crate::outcome::Outcome;
+use crate::proxy::UpstreamError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("no route for this path")]
+    NoRoute,
+    #[error("request body exceeds {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("reading the request body failed: {0}")]
+    BadBody(#[source] hyper::Error),
+    #[error("no dedup key in the request")]
+    MissingKey,
+    #[error("message is still being processed")]
+    InFlight,
+    #[error("dedup store unavailable: {0}")]
+    StoreUnavailable(#[source] StoreError),
+    #[error("{error}")]
+    Upstream {
+        #[source]
+        error: UpstreamError,
+        /// The outcome the request had when the upstream failed (forwarded, bypass, ...).
+        outcome: Outcome,
+    },
+    #[error("gateway shutting down; the claim was released")]
+    Abandoned,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::NoRoute => StatusCode::NOT_FOUND,
+            GatewayError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BadBody(_) | GatewayError::MissingKey => StatusCode::BAD_REQUEST,
+            GatewayError::InFlight => StatusCode::CONFLICT,
+            GatewayError::StoreUnavailable(_) | GatewayError::Abandoned => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            GatewayError::Upstream {
+                error: UpstreamError::Timeout(_),
+                ..
+            } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Upstream { .. } | GatewayError::Internal(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The outcome counted and sent in `x-dedup-status`; `None` off any route.
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self {
+            GatewayError::NoRoute => None,
+            GatewayError::TooLarge { .. } => Some(Outcome::TooLarge),
+            GatewayError::BadBody(_) => Some(Outcome::Rejected),
+            GatewayError::MissingKey => Some(Outcome::NoKey),
+            GatewayError::InFlight => Some(Outcome::InFlight),
+            GatewayError::StoreUnavailable(_) => Some(Outcome::StoreUnavailable),
+            GatewayError::Upstream { outcome, .. } => Some(*outcome),
+            GatewayError::Abandoned | GatewayError::Internal(_) => Some(Outcome::Forwarded),
+        }
+    }
+
+    /// Whether the sender should simply try again (and is told when).
+    fn retry_after(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::InFlight | GatewayError::StoreUnavailable(_) | GatewayError::Abandoned
+        )
+    }
+
+    /// Whether the connection must close after this answer (the rest of an oversized
+    /// body is never read).
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, GatewayError::TooLarge { .. })
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            GatewayError::NoRoute => "no route for this path\n",
+            GatewayError::TooLarge { .. } => "request body too large\n",
+            GatewayError::BadBody(_) => "could not read the request body\n",
+            GatewayError::MissingKey => "no message id in the request\n",
+            GatewayError::InFlight => "message is being processed; retry later\n",
+            GatewayError::StoreUnavailable(_) => "dedup store unavailable; retry later\n",
+            GatewayError::Upstream {
+                error: UpstreamError::Timeout(_),
+                ..
+            } => "upstream timed out\n",
+            GatewayError::Upstream { .. } => "upstream unavailable\n",
+            GatewayError::Abandoned => "gateway restarting; retry later\n",
+            GatewayError::Internal(_) => "gateway error\n",
+        }
+    }
+
+    /// The answer this error gets (without `x-dedup-status`, which the handler adds).
+    pub fn to_response(&self) -> Response<Body> {
+        let mut response = Response::new(Body::full(self.reason()));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        if self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.closes_connection() {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(e: GatewayError) -> (u16, Option<&'static str>, bool) {
+        let r = e.to_response();
+        (
+            r.status().as_u16(),
+            e.outcome().map(Outcome::label),
+            r.headers()
+                .get(header::RETRY_AFTER)
+                .is_some_and(|v| v == "1"),
+        )
+    }
+
+    #[test]
+    fn every_error_has_its_pinned_answer() {
+        let timeout = UpstreamError::Timeout(std::time::Duration::from_secs(1));
+        assert_eq!(row(GatewayError::NoRoute), (404, None, false));
+        assert_eq!(
+            row(GatewayError::TooLarge { limit: 1 }),
+            (413, Some("too_large"), false)
+        );
+        assert_eq!(row(GatewayError::MissingKey), (400, Some("no_key"), false));
+        assert_eq!(row(GatewayError::InFlight), (409, Some("in_flight"), true));
+        assert_eq!(
+            row(GatewayError::StoreUnavailable(StoreError::Timeout)),
+            (503, Some("store_unavailable"), true)
+        );
+        assert_eq!(
+            row(GatewayError::Upstream {
+                error: timeout,
+                outcome: Outcome::Forwarded
+            }),
+            (504, Some("forwarded"), false)
+        );
+        assert_eq!(row(GatewayError::Abandoned), (503, Some("forwarded"), true));
+        assert_eq!(
+            row(GatewayError::Internal("x".into())),
+            (502, Some("forwarded"), false)
+        );
+        let close = GatewayError::TooLarge { limit: 1 }.to_response();
+        assert_eq!(close.headers()[header::CONNECTION], "close");
+    }
+}

@@ -1,0 +1,110 @@
+//! The shared state of a running gateway: routes (swappable on reload), store,
+//! upstream client, metrics, and the bookkeeping shutdown needs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::dedup::policy::OnStoreError;
+use crate::metrics::{Metrics, StoreOp};
+use crate::proxy::Upstream;
+use crate::routing::Routes;
+use crate::store::{AnyStore, Store, unix_ms};
+
+pub struct Gateway {
+    pub routes: ArcSwap<Routes>,
+    pub store: AnyStore,
+    pub upstream: Upstream,
+    pub metrics: Metrics,
+    pub max_body: u64,
+    pub key_prefix: String,
+    pub on_store_error: OnStoreError,
+    /// Owner tasks (forward + complete/release); shutdown waits for them.
+    pub tasks: TaskTracker,
+    /// Cancelled when the shutdown grace ends: owners still running release and stop.
+    pub abandon: CancellationToken,
+    draining: AtomicBool,
+    /// When the store last answered a ping (Unix ms); 0 = never.
+    store_ok_ms: AtomicU64,
+}
+
+/// How fresh the last successful store ping must be for `/readyz`.
+const READY_WINDOW: Duration = Duration::from_millis(1500);
+
+impl Gateway {
+    pub fn new(config: &Config, store: AnyStore) -> Arc<Self> {
+        let metrics = if store.entries().is_some() {
+            Metrics::new().with_store_entries()
+        } else {
+            Metrics::new()
+        };
+        Arc::new(Gateway {
+            routes: ArcSwap::from_pointee(Routes::new(&config.routes, &metrics)),
+            store,
+            upstream: Upstream::new(),
+            metrics,
+            max_body: config.server.max_body,
+            key_prefix: config.store.key_prefix.clone(),
+            on_store_error: config.store.on_error,
+            tasks: TaskTracker::new(),
+            abandon: CancellationToken::new(),
+            draining: AtomicBool::new(false),
+            store_ok_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// Installs the routes of a new config generation; requests already routed finish
+    /// with the old ones.
+    pub fn swap_routes(&self, config: &Config) {
+        self.routes
+            .store(Arc::new(Routes::new(&config.routes, &self.metrics)));
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        let last = self.store_ok_ms.load(Ordering::Relaxed);
+        !self.draining.load(Ordering::SeqCst)
+            && last != 0
+            && unix_ms().saturating_sub(last) <= READY_WINDOW.as_millis() as u64
+    }
+
+    /// Pings the store now and records the result for readiness.
+    pub async fn check_store(&self) -> bool {
+        let started = tokio::time::Instant::now();
+        let ok = self.store.ping().await.is_ok();
+        self.metrics
+            .store_call(StoreOp::Ping, started.elapsed(), !ok);
+        if ok {
+            self.store_ok_ms.store(unix_ms(), Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Pings the store every half second, for as long as the gateway runs.
+    pub fn spawn_store_checks(self: &Arc<Self>) {
+        let gw = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(gw) = gw.upgrade() else { return };
+                let was_ready = gw.is_ready();
+                let ok = gw.check_store().await;
+                if was_ready && !ok {
+                    tracing::warn!("store stopped answering: not ready");
+                } else if !was_ready && ok {
+                    tracing::info!("store answers");
+                }
+            }
+        });
+    }
+}

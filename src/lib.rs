@@ -1,0 +1,39 @@
+//! dedup-gateway: a reverse proxy that makes at-least-once webhook delivery look
+//! exactly-once to the bot behind it.
+//!
+//! # Layout
+//!
+//! - [`config`]: `gateway.toml` into validated types; every problem with its key path.
+//! - [`server`]: accept loop (HTTP/1.1 + h2c), header timeout, drain on shutdown.
+//! - [`framing`]: rejects requests framed by both Content-Length and Transfer-Encoding.
+//! - [`handler`]: one request: route, read body, derive key, hand to the state machine.
+//! - [`routing`]: which route serves a path.
+//! - [`dedup`]: the state machine (claim -> forward -> complete | release), its
+//!   policies, and key extraction ([`dedup::key`]).
+//! - [`store`]: the `Store` contract and its backends.
+//! - [`proxy`]: the pooled upstream client and the request/response rewrite.
+//! - [`body`]: the body type and the limited read.
+//! - [`error`]: request-ending errors and their one mapping to an answer.
+//! - [`outcome`]: how a request ended (`x-dedup-status` and the metric label).
+//! - [`metrics`]: Prometheus metrics; [`admin`]: the admin listener.
+//! - [`gateway`]: the shared state of a running gateway; [`shutdown`]: stop signals.
+
+pub mod admin;
+pub mod body;
+pub mod config;
+pub mod dedup;
+pub mod error;
+pub mod framing;
+pub mod gateway;
+pub mod handler;
+pub mod metrics;
+pub mod outcome;
+pub mod proxy;
+pub mod routing;
+pub mod server;
+pub mod shutdown;
+pub mod store;
+
+pub use config::Config;
+pub use gateway::Gateway;
+pub use server::{Listeners, run};

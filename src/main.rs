@@ -1,0 +1,277 @@
+//! The `dedup-gateway` binary: command line, logging, and the three commands.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use dedup_gateway::config::{Backend, Config, RouteConfig};
+use dedup_gateway::dedup::key::{Input, stored_key};
+use dedup_gateway::{Gateway, Listeners};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "dedup-gateway",
+    version,
+    about = "Makes at-least-once webhook delivery look exactly-once"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Configuration file.
+    #[arg(
+        long,
+        global = true,
+        env = "DEDUP_GATEWAY_CONFIG",
+        default_value = "gateway.toml"
+    )]
+    config: PathBuf,
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log level or filter (e.g. "debug", "dedup_gateway=debug"); default info, or RUST_LOG.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (the default).
+    Serve,
+    /// Validate the configuration and print the effective routes.
+    Check,
+    /// Print the dedup key a route derives from a request body, or why there is none.
+    Key {
+        #[arg(long)]
+        route: String,
+        /// A request header, 'Name: value' (repeatable).
+        #[arg(long = "header", value_name = "'Name: value'")]
+        headers: Vec<String>,
+        /// The request's query string, e.g. 'a=b&c=d'.
+        #[arg(long)]
+        query: Option<String>,
+        /// The body; '-' or absent reads standard input.
+        file: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, cli.log_level.as_deref());
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(&cli.config),
+        Command::Check => check(&cli.config),
+        Command::Key {
+            route,
+            headers,
+            query,
+            file,
+        } => key(
+            &cli.config,
+            &route,
+            &headers,
+            query.as_deref(),
+            file.as_deref(),
+        ),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, level: Option<&str>) {
+    let filter = match level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_target(false).init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn load(path: &Path) -> anyhow::Result<Config> {
+    Ok(Config::load(path)?)
+}
+
+fn serve(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = load(path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = dedup_gateway::store::connect(&config.store)
+            .await
+            .context("store")?;
+        let listeners = Listeners::bind(&config.server)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+        let gw = Gateway::new(&config, store);
+        let admin = listeners.admin.as_ref().and_then(|l| l.local_addr().ok());
+        tracing::info!(
+            listen = %listeners.proxy_addr()?,
+            admin = %admin.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+            routes = config.routes.len(),
+            version = env!("CARGO_PKG_VERSION"),
+            "dedup-gateway serving"
+        );
+        dedup_gateway::run(
+            gw,
+            config.server.clone(),
+            listeners,
+            dedup_gateway::shutdown::signal(),
+        )
+        .await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn check(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = load(path)?;
+    let s = &config.server;
+    let d = |d: std::time::Duration| humantime::format_duration(d).to_string();
+    println!("{}: OK", path.display());
+    println!(
+        "server: listen {}, admin {}, max_body {} bytes, header_timeout {}, shutdown_delay {}, shutdown_grace {}",
+        s.listen,
+        s.admin_listen.map_or("off".to_owned(), |a| a.to_string()),
+        s.max_body,
+        d(s.header_timeout),
+        d(s.shutdown_delay),
+        d(s.shutdown_grace),
+    );
+    let st = &config.store;
+    let backend = match &st.backend {
+        Backend::Memory { max_entries } => format!("memory (max_entries {max_entries})"),
+        Backend::Redis { target, pool_size } => format!("redis {target:?} (pool_size {pool_size})"),
+    };
+    println!(
+        "store: {backend}, timeout {}, key_prefix {:?}, on_error {}",
+        d(st.timeout),
+        st.key_prefix,
+        name_of(st.on_error)
+    );
+    for route in &config.routes {
+        print_route(route);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn name_of<T: dedup_gateway::config::read::Choice + PartialEq>(value: T) -> &'static str {
+    T::NAMES
+        .iter()
+        .find(|(_, v)| *v == value)
+        .map_or("?", |(n, _)| n)
+}
+
+fn print_route(r: &RouteConfig) {
+    let p = &r.policy;
+    let d = |d: std::time::Duration| humantime::format_duration(d).to_string();
+    let keys: Vec<&str> = r.key.alternatives().iter().map(|a| a.text()).collect();
+    println!("route {:?}: {} -> {}", r.name, r.path, r.upstream);
+    println!("  key = [{}]", keys.join(", "));
+    println!(
+        "  upstream_timeout {}, processing_ttl {}, completed_ttl {}",
+        d(p.upstream_timeout),
+        d(p.processing_ttl),
+        d(p.completed_ttl)
+    );
+    println!(
+        "  on_in_flight {} (in_flight_wait {}), on_upstream_timeout {}, mode {}, on_missing_key {}, replay {}",
+        name_of(p.on_in_flight),
+        d(p.in_flight_wait),
+        name_of(p.on_upstream_timeout),
+        name_of(p.mode),
+        name_of(p.on_missing_key),
+        p.replay
+    );
+    println!(
+        "  duplicate answer: {} {:?} ({})",
+        p.duplicate.status.as_u16(),
+        String::from_utf8_lossy(&p.duplicate.body),
+        p.duplicate.content_type.to_str().unwrap_or("?")
+    );
+}
+
+fn key(
+    path: &Path,
+    route_name: &str,
+    headers: &[String],
+    query: Option<&str>,
+    file: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let config = load(path)?;
+    let Some(route) = config.routes.iter().find(|r| r.name == route_name) else {
+        let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+        bail!(
+            "no route named {route_name:?} (routes: {})",
+            names.join(", ")
+        );
+    };
+    let mut body = Vec::new();
+    match file {
+        Some(f) if f != Path::new("-") => {
+            body = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+        }
+        _ => {
+            std::io::stdin()
+                .read_to_end(&mut body)
+                .context("cannot read standard input")?;
+        }
+    }
+    let path_part = route.path.to_string().trim_end_matches('*').to_owned();
+    let uri = match query {
+        Some(q) => format!("{path_part}?{}", q.trim_start_matches('?')),
+        None => path_part,
+    };
+    let mut request = http::Request::post(uri);
+    for header in headers {
+        let (name, value) = header
+            .split_once(':')
+            .with_context(|| format!("--header {header:?}: expected 'Name: value'"))?;
+        request = request.header(name.trim(), value.trim());
+    }
+    let head = request
+        .body(())
+        .context("invalid --header or --query")?
+        .into_parts()
+        .0;
+    let (found, misses) = route.key.explain(Input {
+        head: &head,
+        body: &body,
+    });
+    for miss in &misses {
+        eprintln!("  {miss}");
+    }
+    match found {
+        Some((source, value)) => {
+            eprintln!("from {source}");
+            println!(
+                "{}",
+                stored_key(&config.store.key_prefix, &route.name, &value)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!(
+                "no key: no source yielded a value (on_missing_key = {})",
+                name_of(route.policy.on_missing_key)
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Prometheus metrics, named as SPEC.md names them, with bounded labels only (route,
+//! outcome, class, op; never a key or a path). Per-route handles are resolved once when
+//! routes are built, so counting a request is an atomic add, not a map lookup.
+
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::outcome::Outcome;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    route: String,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// How the upstream answered a forwarded request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamClass {
+    S2xx,
+    S3xx,
+    S4xx,
+    S5xx,
+    Error,
+    Timeout,
+}
+
+impl UpstreamClass {
+    const ALL: [UpstreamClass; 6] = [
+        Self::S2xx,
+        Self::S3xx,
+        Self::S4xx,
+        Self::S5xx,
+        Self::Error,
+        Self::Timeout,
+    ];
+
+    pub fn of_status(status: http::StatusCode) -> Self {
+        match status.as_u16() {
+            200..=299 => Self::S2xx,
+            300..=399 => Self::S3xx,
+            500..=599 => Self::S5xx,
+            _ => Self::S4xx, // 1xx never reaches us as a final answer; count oddities with 4xx
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::S2xx => "2xx",
+            Self::S3xx => "3xx",
+            Self::S4xx => "4xx",
+            Self::S5xx => "5xx",
+            Self::Error => "error",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// A store operation, for `dedup_store_duration_seconds{op}` and `dedup_store_errors_total{op}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOp {
+    Claim,
+    Complete,
+    Release,
+    Get,
+    Ping,
+}
+
+impl StoreOp {
+    const ALL: [StoreOp; 5] = [
+        Self::Claim,
+        Self::Complete,
+        Self::Release,
+        Self::Get,
+        Self::Ping,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Complete => "complete",
+            Self::Release => "release",
+            Self::Get => "get",
+            Self::Ping => "ping",
+        }
+    }
+}
+
+fn upstream_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ])
+}
+
+fn store_histogram() -> Histogram {
+    // Store calls are sub-millisecond on a healthy network: resolve them.
+    Histogram::new([
+        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ])
+}
+
+fn age_histogram() -> Histogram {
+    // From "retried at once" to "a week later": what completed_ttl must cover.
+    Histogram::new([
+        0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0, 604800.0,
+    ])
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every metric the gateway exports, and the registry that renders them.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    upstream_responses: Family<ClassLabels, Counter>,
+    upstream_duration: HistogramFamily<RouteLabels>,
+    duplicate_age: HistogramFamily<RouteLabels>,
+    store_ops: [(Histogram, Counter); StoreOp::ALL.len()],
+    store_entries: Gauge<i64, AtomicI64>,
+    config_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "dedup_requests",
+            "Requests on routes, by how they ended",
+            requests.clone(),
+        );
+        let upstream_responses = Family::<ClassLabels, Counter>::default();
+        registry.register(
+            "dedup_upstream_responses",
+            "Upstream answers to forwarded requests, by status class",
+            upstream_responses.clone(),
+        );
+        let upstream_duration: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(upstream_histogram);
+        registry.register(
+            "dedup_upstream_duration_seconds",
+            "Time from forwarding a request to the upstream's response head",
+            upstream_duration.clone(),
+        );
+        let duplicate_age: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(age_histogram);
+        registry.register(
+            "dedup_duplicate_age_seconds",
+            "How long after the first sighting duplicates arrive (to size completed_ttl)",
+            duplicate_age.clone(),
+        );
+        let store_duration: HistogramFamily<OpLabels> =
+            Family::new_with_constructor(store_histogram);
+        registry.register(
+            "dedup_store_duration_seconds",
+            "Store call latency, by operation",
+            store_duration.clone(),
+        );
+        let store_errors = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "dedup_store_errors",
+            "Failed store calls, by operation",
+            store_errors.clone(),
+        );
+        let store_ops = StoreOp::ALL.map(|op| {
+            let labels = OpLabels { op: op.label() };
+            (
+                store_duration.get_or_create(&labels).clone(),
+                store_errors.get_or_create(&labels).clone(),
+            )
+        });
+        let store_entries = Gauge::<i64, AtomicI64>::default();
+        let config_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "dedup_config_reloads",
+            "Configuration reloads on SIGHUP, by result",
+            config_reloads.clone(),
+        );
+        registry.register(
+            "dedup_build",
+            "Build information",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        Metrics {
+            registry,
+            requests,
+            upstream_responses,
+            upstream_duration,
+            duplicate_age,
+            store_ops,
+            store_entries,
+            config_reloads,
+        }
+    }
+
+    /// Adds `dedup_store_entries` (only stores that can count cheaply have it).
+    pub fn with_store_entries(mut self) -> Self {
+        self.registry.register(
+            "dedup_store_entries",
+            "Markers held by the memory store",
+            self.store_entries.clone(),
+        );
+        self
+    }
+
+    /// The handles one route counts with.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        let outcome = |o: Outcome| {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    route: route.to_owned(),
+                    outcome: o.label(),
+                })
+                .clone()
+        };
+        let class = |c: UpstreamClass| {
+            self.upstream_responses
+                .get_or_create(&ClassLabels {
+                    route: route.to_owned(),
+                    class: c.label(),
+                })
+                .clone()
+        };
+        let labels = RouteLabels {
+            route: route.to_owned(),
+        };
+        RouteMetrics {
+            outcomes: Outcome::ALL.map(outcome),
+            classes: UpstreamClass::ALL.map(class),
+            upstream_duration: self.upstream_duration.get_or_create(&labels).clone(),
+            duplicate_age: self.duplicate_age.get_or_create(&labels).clone(),
+        }
+    }
+
+    pub fn store_call(&self, op: StoreOp, elapsed: Duration, failed: bool) {
+        let (duration, errors) = &self.store_ops[op as usize];
+        duration.observe(elapsed.as_secs_f64());
+        if failed {
+            errors.inc();
+        }
+    }
+
+    pub fn config_reload(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.config_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Renders the Prometheus text exposition, refreshing sampled gauges first.
+    pub fn render(&self, store_entries: Option<usize>) -> String {
+        if let Some(n) = store_entries {
+            self.store_entries.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        let mut out = String::with_capacity(8 * 1024);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One route's counters, resolved when the route is built.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    outcomes: [Counter; Outcome::ALL.len()],
+    classes: [Counter; UpstreamClass::ALL.len()],
+    upstream_duration: Histogram,
+    duplicate_age: Histogram,
+}
+
+impl RouteMetrics {
+    pub fn request(&self, outcome: Outcome) {
+        self.outcomes[outcome.index()].inc();
+    }
+
+    pub fn upstream(&self, class: UpstreamClass, elapsed: Duration) {
+        self.classes[class as usize].inc();
+        self.upstream_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn duplicate_age(&self, age: Duration) {
+        self.duplicate_age.observe(age.as_secs_f64());
+    }
+}

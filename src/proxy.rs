@@ -1,0 +1,269 @@
+//! The upstream side: one pooled HTTP/1.1 client, the request rewrite a reverse proxy
+//! owes its upstream (hop-by-hop headers out, `X-Forwarded-*` in, path and body
+//! unchanged), and the bounded call that turns failures into 502 / 504.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::body::Body;
+
+/// Where a route forwards to: scheme and authority; the path comes from the request.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub scheme: Scheme,
+    pub authority: Authority,
+}
+
+impl Target {
+    /// Parses `http://host:port`. A path would be silently dropped, so it is refused.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let uri: Uri = text
+            .parse()
+            .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
+        let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
+            return Err(format!(
+                "{text:?} must be an absolute URL like \"http://127.0.0.1:5000\""
+            ));
+        };
+        if *scheme != Scheme::HTTP {
+            return Err(format!(
+                "{text:?}: only http:// upstreams are supported (run the gateway next to the bot)"
+            ));
+        }
+        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+            return Err(format!(
+                "{text:?}: an upstream has no path; the request's path and query are forwarded unchanged"
+            ));
+        }
+        Ok(Target {
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+        })
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.authority)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream unreachable: {0}")]
+    Connect(#[source] hyper_util::client::legacy::Error),
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("invalid upstream request: {0}")]
+    Request(#[from] http::Error),
+}
+
+/// The pooled client every route shares.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Upstream {
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            // Without a timer the idle timeout never fires and dead sockets pile up.
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Upstream { client }
+    }
+
+    /// Sends a request and waits at most `timeout` for the response head.
+    pub async fn send(
+        &self,
+        request: Request<Body>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(UpstreamError::Connect(e)),
+            Err(_) => Err(UpstreamError::Timeout(timeout)),
+        }
+    }
+}
+
+/// What the proxy knows about the connection a request came on.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    pub addr: SocketAddr,
+}
+
+/// Rewrites a received request for the upstream: same method, path, query and body;
+/// hop-by-hop headers removed; `X-Forwarded-For` appended, `-Proto` / `-Host` set.
+pub fn upstream_request(
+    mut head: http::request::Parts,
+    body: Body,
+    target: &Target,
+    peer: Peer,
+) -> Result<Request<Body>, http::Error> {
+    let path = head
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    // An HTTP/2 request carries its host in the URI, not in a Host header.
+    let host = match head.headers.get(header::HOST) {
+        Some(host) => Some(host.clone()),
+        None => head
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+    };
+    head.uri = Uri::builder()
+        .scheme(target.scheme.clone())
+        .authority(target.authority.clone())
+        .path_and_query(path)
+        .build()?;
+    head.version = Version::HTTP_11;
+    let headers = &mut head.headers;
+    strip_hop_by_hop(headers);
+    append_forwarded_for(headers, peer.addr);
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if let Some(host) = host {
+        headers.insert(&X_FORWARDED_HOST, host.clone());
+        headers.insert(header::HOST, host);
+    }
+    Ok(Request::from_parts(head, body))
+}
+
+/// Prepares an upstream response for the sender: hop-by-hop headers removed.
+pub fn downstream_response(response: Response<Incoming>) -> Response<Body> {
+    let (mut head, body) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    Response::from_parts(head, Body::Incoming(body))
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// RFC 9110 section 7.6.1: fields that describe one connection, not the message.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Removes hop-by-hop fields, including every field the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // `Upgrade` is hop-by-hop too; removed here because it is only meaningful with
+    // `Connection: upgrade`, which the gateway does not support.
+    headers.remove(header::UPGRADE);
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
+    let ip = addr.ip().to_string();
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.is_empty() => format!("{prior}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(value) = HeaderValue::try_from(value) {
+        // Several X-Forwarded-For lines are one list: replace them all with the joined one.
+        headers.insert(&X_FORWARDED_FOR, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> Peer {
+        Peer {
+            addr: "10.1.2.3:5555".parse().expect("addr"),
+        }
+    }
+
+    #[test]
+    fn targets_are_scheme_and_authority_only() {
+        assert!(Target::parse("http://127.0.0.1:5000").is_ok());
+        assert!(Target::parse("http://127.0.0.1:5000/").is_ok());
+        assert!(Target::parse("http://127.0.0.1:5000/base").is_err());
+        assert!(Target::parse("https://example.com").is_err());
+        assert!(Target::parse("127.0.0.1:5000").is_err());
+    }
+
+    #[test]
+    fn request_rewrite_strips_hop_by_hop_and_sets_forwarded_headers() {
+        let req = Request::post("/api/v1/webhook?a=1")
+            .header("host", "gw.example")
+            .header("connection", "keep-alive, x-secret-hop")
+            .header("x-secret-hop", "1")
+            .header("keep-alive", "timeout=5")
+            .header("te", "trailers")
+            .header("x-forwarded-for", "192.0.2.1")
+            .header("x-forwarded-proto", "https")
+            .header("x-keep", "yes")
+            .body(())
+            .expect("request");
+        let target = Target::parse("http://127.0.0.1:5000").expect("target");
+        let out =
+            upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
+        assert_eq!(out.uri(), "http://127.0.0.1:5000/api/v1/webhook?a=1");
+        let h = out.headers();
+        for gone in ["connection", "x-secret-hop", "keep-alive", "te"] {
+            assert!(!h.contains_key(gone), "{gone} must be stripped");
+        }
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1, 10.1.2.3");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "gw.example");
+        assert_eq!(h["host"], "gw.example");
+        assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn http2_requests_get_a_host_header_from_the_authority() {
+        let req = Request::post("http://gw.example:8080/hook")
+            .version(Version::HTTP_2)
+            .body(())
+            .expect("request");
+        let target = Target::parse("http://127.0.0.1:5000").expect("target");
+        let out =
+            upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
+        assert_eq!(out.version(), Version::HTTP_11);
+        assert_eq!(out.headers()["host"], "gw.example:8080");
+        assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");
+    }
+}

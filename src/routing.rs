@@ -1,0 +1,100 @@
+//! Routing: which configured route serves a request path. Exact paths win over
+//! prefixes; among prefixes the longest wins.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::{PathPattern, RouteConfig};
+use crate::metrics::{Metrics, RouteMetrics};
+
+/// A route as the request path uses it: its config and its metric handles.
+pub struct Route {
+    pub config: RouteConfig,
+    pub metrics: RouteMetrics,
+}
+
+/// The routing table of one config generation (swapped whole on reload).
+pub struct Routes {
+    exact: HashMap<String, Arc<Route>>,
+    /// Longest prefix first.
+    prefixes: Vec<(String, Arc<Route>)>,
+    all: Vec<Arc<Route>>,
+}
+
+impl Routes {
+    pub fn new(configs: &[RouteConfig], metrics: &Metrics) -> Self {
+        let mut routes = Routes {
+            exact: HashMap::new(),
+            prefixes: Vec::new(),
+            all: Vec::with_capacity(configs.len()),
+        };
+        for config in configs {
+            let route = Arc::new(Route {
+                metrics: metrics.route(&config.name),
+                config: config.clone(),
+            });
+            match &config.path {
+                PathPattern::Exact(path) => {
+                    routes.exact.insert(path.clone(), Arc::clone(&route));
+                }
+                PathPattern::Prefix(prefix) => {
+                    routes.prefixes.push((prefix.clone(), Arc::clone(&route)))
+                }
+            }
+            routes.all.push(route);
+        }
+        routes
+            .prefixes
+            .sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+        routes
+    }
+
+    pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
+        self.exact.get(path).or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+                .map(|(_, route)| route)
+        })
+    }
+
+    pub fn all(&self) -> &[Arc<Route>] {
+        &self.all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn exact_beats_prefix_and_longest_prefix_wins() {
+        let cfg = Config::parse(
+            r#"
+            [defaults]
+            key = ["body"]
+            [[routes]]
+            name = "a"
+            path = "/hooks/*"
+            upstream = "http://127.0.0.1:1"
+            [[routes]]
+            name = "b"
+            path = "/hooks/github/*"
+            upstream = "http://127.0.0.1:1"
+            [[routes]]
+            name = "c"
+            path = "/hooks/exact"
+            upstream = "http://127.0.0.1:1"
+            "#,
+        )
+        .expect("config");
+        let routes = Routes::new(&cfg.routes, &Metrics::new());
+        let name = |p: &str| routes.find(p).map(|r| r.config.name.clone());
+        assert_eq!(name("/hooks/exact").as_deref(), Some("c"));
+        assert_eq!(name("/hooks/github/x").as_deref(), Some("b"));
+        assert_eq!(name("/hooks/other").as_deref(), Some("a"));
+        assert_eq!(name("/hooks"), None);
+        assert_eq!(name("/elsewhere"), None);
+    }
+}

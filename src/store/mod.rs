@@ -1,0 +1,246 @@
+//! Where markers live: the [`Store`] contract the state machine relies on, and its
+//! backends (embedded memory, Redis).
+//!
+//! A marker is PROCESSING (held by one owner token, short TTL) or COMPLETED (long TTL,
+//! maybe with the upstream's response). Claim is atomic; complete and release act only
+//! while the marker still holds the caller's token.
+
+pub mod memory;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use crate::config::{Backend, StoreConfig};
+use http::{HeaderValue, StatusCode};
+
+pub use memory::MemoryStore;
+
+/// Identifies the one request that holds a PROCESSING marker. Unique across replicas:
+/// 64 random bits per process, 64 bits of counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Token(u128);
+
+impl Token {
+    pub fn generate() -> Self {
+        static PROCESS: OnceLock<u64> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let process = *PROCESS.get_or_init(|| {
+            let mut seed = [0u8; 8];
+            // Without OS randomness, time and pid still make collisions between
+            // replicas vanishingly unlikely.
+            if getrandom::fill(&mut seed).is_err() {
+                let nanos = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                seed =
+                    ((nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+            }
+            u64::from_le_bytes(seed)
+        });
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Token((u128::from(process) << 64) | u128::from(n))
+    }
+
+    pub fn from_u128(value: u128) -> Self {
+        Token(value)
+    }
+
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// A 2xx upstream response kept for `replay`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: StatusCode,
+    pub content_type: Option<HeaderValue>,
+    pub body: Bytes,
+}
+
+/// The largest response body `replay` stores; larger ones get the duplicate answer.
+pub const MAX_STORED_BODY: usize = 64 * 1024;
+
+/// The state a claim found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Marker {
+    Processing {
+        token: Token,
+        first_seen_ms: u64,
+    },
+    Completed {
+        first_seen_ms: u64,
+        response: Option<Arc<StoredResponse>>,
+    },
+}
+
+impl Marker {
+    pub fn first_seen_ms(&self) -> u64 {
+        match self {
+            Marker::Processing { first_seen_ms, .. } | Marker::Completed { first_seen_ms, .. } => {
+                *first_seen_ms
+            }
+        }
+    }
+}
+
+/// The result of an atomic claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The key was free: it now holds PROCESSING with the caller's token.
+    Claimed,
+    /// The key was already held.
+    Found(Marker),
+}
+
+/// What a COMPLETED marker records.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub first_seen_ms: u64,
+    pub ttl: Duration,
+    pub response: Option<StoredResponse>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store call timed out")]
+    Timeout,
+    #[error("store unreachable: {0}")]
+    Unavailable(String),
+    #[error("memory store is full of PROCESSING entries ({0} entries)")]
+    Full(usize),
+    #[error("unreadable marker: {0}")]
+    Corrupt(String),
+}
+
+/// The store contract. Every call must finish within the store's configured timeout.
+pub trait Store: Send + Sync + 'static {
+    /// Atomically: key absent (or expired) -> PROCESSING(token) for `ttl`, else report
+    /// what is there. Never changes an existing marker or its TTL.
+    fn claim(
+        &self,
+        key: &str,
+        token: Token,
+        first_seen_ms: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// PROCESSING(token) -> COMPLETED. False when the marker no longer holds `token`.
+    fn complete(
+        &self,
+        key: &str,
+        token: Token,
+        completion: Completion,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes PROCESSING(token). False when the marker no longer holds `token`.
+    fn release(
+        &self,
+        key: &str,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Reads a marker without changing it.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Marker>, StoreError>> + Send;
+
+    /// Returns when the PROCESSING marker held by `holder` may have changed, or after
+    /// `max`, whichever is first. `attempt` counts the waits so far (for backoff).
+    fn wait(
+        &self,
+        key: &str,
+        holder: Token,
+        attempt: u32,
+        max: Duration,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// A cheap liveness check for readiness.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Entries held, for stores that know it cheaply (memory).
+    fn entries(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The configured backend, chosen at start.
+pub enum AnyStore {
+    Memory(MemoryStore),
+}
+
+macro_rules! each_backend {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($store) => $call,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn claim(
+        &self,
+        key: &str,
+        token: Token,
+        first_seen_ms: u64,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        each_backend!(self, s => s.claim(key, token, first_seen_ms, ttl).await)
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: Token,
+        completion: Completion,
+    ) -> Result<bool, StoreError> {
+        each_backend!(self, s => s.complete(key, token, completion).await)
+    }
+
+    async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+        each_backend!(self, s => s.release(key, token).await)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
+        each_backend!(self, s => s.get(key).await)
+    }
+
+    async fn wait(&self, key: &str, holder: Token, attempt: u32, max: Duration) {
+        each_backend!(self, s => s.wait(key, holder, attempt, max).await)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        each_backend!(self, s => s.ping().await)
+    }
+
+    fn entries(&self) -> Option<usize> {
+        each_backend!(self, s => s.entries())
+    }
+}
+
+/// Opens the configured store (for Redis: connects and checks the server first).
+pub async fn connect(config: &StoreConfig) -> Result<AnyStore, StoreError> {
+    match &config.backend {
+        Backend::Memory { max_entries } => Ok(AnyStore::Memory(MemoryStore::new(*max_entries))),
+        Backend::Redis { .. } => Err(StoreError::Unavailable(
+            "the redis backend is not built yet".into(),
+        )),
+    }
+}
+
+/// Milliseconds since the Unix epoch: marker timestamps readable by humans and shared
+/// by replicas on different machines.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

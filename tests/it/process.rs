@@ -1,0 +1,371 @@
+//! The binary as users run it: `check`, `key`, `--version`, and `serve` with signals.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use crate::support::{Cfg, Client, Gate, Reply, Upstream, msg, within};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
+
+/// A file in a fresh temporary directory, removed with the value.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str, contents: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "dedup-gateway-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, contents).expect("write temp file");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("DEDUP_GATEWAY_CONFIG")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dedup-gateway");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn check_accepts_the_shipped_gateway_toml_and_prints_its_routes() {
+    let out = run(&["check", "--config", "gateway.toml"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("route \"bot\": /api/v1/webhook -> http://127.0.0.1:5000"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("key = [json:/msgId, json:/data/msgId, json:/eventId]"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_reports_every_problem_with_its_key_path_and_exits_1() {
+    let bad = TempFile::new(
+        "bad.toml",
+        r#"
+[server]
+listen = "127.0.0.1:0"
+header_timout = "10s"
+
+[[routes]]
+name = "bot"
+path = "/hook"
+upstream = "http://127.0.0.1:5000"
+key = ["json:/msgId", "jsn:/msgId"]
+upstream_timeout = "25s"
+completed_ttl = "24 hours please"
+processing_ttl = "20s"
+"#,
+    );
+    let out = run(&["check", "--config", bad.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    for expected in [
+        "server.header_timout: unknown key (did you mean \"header_timeout\"?)",
+        "routes[0].key[1]: unknown source \"jsn:/msgId\" (expected json:, xml:, header:, query:, form:, body)",
+        "routes[0].completed_ttl: invalid duration \"24 hours please\"",
+        "routes[0].processing_ttl: 20s must exceed upstream_timeout (25s) + 2 x store.timeout (250ms)",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn serve_refuses_a_bad_config_before_listening() {
+    let bad = TempFile::new(
+        "bad.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\nbogus = 1\n",
+    );
+    let out = run(&["--config", bad.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("bogus: unknown key"));
+}
+
+#[test]
+fn config_path_comes_from_the_environment_when_not_given() {
+    let cfg = TempFile::new("env.toml", &Cfg::new().toml("http://127.0.0.1:9"));
+    let out = Command::new(BIN)
+        .arg("check")
+        .env("DEDUP_GATEWAY_CONFIG", &cfg.0)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("env.toml: OK"));
+}
+
+#[test]
+fn key_prints_the_exact_digits_of_a_long_numeric_id() {
+    let out = run(
+        &["key", "--route", "bot"],
+        "{\"msgId\": 7891234567890123457}\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "dedup:bot:7891234567890123457");
+}
+
+#[test]
+fn key_explains_why_there_is_no_key() {
+    let out = run(
+        &["key", "--route", "bot", "-"],
+        "{\"data\":{\"msgId\":null}}",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("json:/msgId: not present"), "{stderr}");
+    assert!(
+        stderr.contains("json:/data/msgId: is null, not a string or number"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no key"), "{stderr}");
+}
+
+#[test]
+fn key_reads_headers_query_and_files() {
+    let cfg = TempFile::new(
+        "k.toml",
+        "[[routes]]\nname = \"gh\"\npath = \"/gh\"\nupstream = \"http://127.0.0.1:9\"\nkey = [\"header:X-GitHub-Delivery+query:a\"]\n",
+    );
+    let body = TempFile::new("body.json", "{}");
+    let out = run(
+        &[
+            "key",
+            "--config",
+            cfg.0.to_str().expect("path"),
+            "--route",
+            "gh",
+            "--header",
+            "X-GitHub-Delivery: abc",
+            "--query",
+            "a=1&b=2",
+            body.0.to_str().expect("path"),
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "dedup:gh:abc+1");
+}
+
+#[test]
+fn version_prints_the_package_version() {
+    let out = run(&["--version"], "");
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("dedup-gateway {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// The gateway binary serving a config, with its log lines collected.
+pub struct GatewayProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub logs: Arc<Mutex<Vec<String>>>,
+    _config: TempFile,
+}
+
+impl GatewayProcess {
+    pub async fn start(toml: &str) -> Self {
+        let config = TempFile::new("gateway.toml", toml);
+        let mut child = Command::new(BIN)
+            .args(["--log-format", "json", "--config"])
+            .arg(&config.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dedup-gateway");
+        let stderr = child.stderr.take().expect("stderr");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel::<serde_json::Value>();
+        let sink = Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
+                    && event["message"] == "dedup-gateway serving"
+                {
+                    let _ = tx.send(event);
+                }
+                sink.lock().expect("logs").push(line);
+            }
+        });
+        let serving =
+            tokio::task::spawn_blocking(move || rx.recv_timeout(crate::support::PATIENCE))
+                .await
+                .expect("join")
+                .unwrap_or_else(|_| panic!("gateway did not start; logs:\n{}", logs_text(&logs)));
+        let parse = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse().ok());
+        GatewayProcess {
+            child,
+            addr: parse(&serving["listen"]).expect("listen address in the log"),
+            admin: parse(&serving["admin"]),
+            logs,
+            _config: config,
+        }
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit and returns its status code.
+    pub async fn wait(mut self) -> Option<i32> {
+        let status = within("the gateway to exit", async {
+            loop {
+                if let Some(status) = self.child.try_wait().expect("try_wait") {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        status.code()
+    }
+
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn logs_text(logs: &Mutex<Vec<String>>) -> String {
+    logs.lock().expect("logs").join("\n")
+}
+
+#[tokio::test]
+async fn the_shipped_example_config_dedupes_end_to_end() {
+    // gateway.toml as shipped, moved onto free ports and in front of a recording bot.
+    let upstream = Upstream::ok().await;
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"))
+        .expect("gateway.toml");
+    let toml = shipped
+        .replace("0.0.0.0:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:9090", "127.0.0.1:0")
+        .replace("http://127.0.0.1:5000", &upstream.url());
+    let gw = GatewayProcess::start(&toml).await;
+    let client = Client::http1(gw.addr);
+    let first = client.post("/api/v1/webhook", r#"{"msgId":"m1"}"#).await;
+    assert_eq!((first.status.as_u16(), first.dedup()), (200, "forwarded"));
+    let second = client.post("/api/v1/webhook", r#"{"msgId":"m1"}"#).await;
+    assert_eq!(
+        (second.status.as_u16(), second.dedup(), second.body.as_str()),
+        (200, "duplicate", "success")
+    );
+    assert_eq!(upstream.count(), 1);
+    gw.signal("TERM");
+    assert_eq!(gw.wait().await, Some(0));
+}
+
+#[tokio::test]
+async fn sigterm_lets_twenty_slow_requests_finish_and_exits_0() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let upstream = Upstream::with(move |r| {
+        let g = g.clone();
+        async move {
+            g.pass().await;
+            Reply::new(200, format!("done {}", r.msg_id().unwrap_or_default()))
+        }
+    })
+    .await;
+    let cfg = Cfg::new().server("shutdown_grace = \"20s\"");
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let admin = Client::http1(gw.admin.expect("admin listener"));
+    assert_eq!(
+        admin
+            .send(http::Method::GET, "/readyz", &[], "")
+            .await
+            .status,
+        200
+    );
+
+    let client = Client::http1(gw.addr);
+    let requests: Vec<_> = (0..20)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move { c.post("/hook", &msg(&format!("slow-{i}"))).await })
+        })
+        .collect();
+    upstream.wait_for(20).await;
+    gw.signal("TERM");
+    // Not ready at once, while the 20 are still in flight.
+    let ready = eventually_status(&admin, "/readyz", 503).await;
+    assert_eq!(ready, 503);
+    assert!(requests.iter().all(|r| !r.is_finished()));
+    gate.open(20);
+    for r in requests {
+        let r = within("a drained request", r).await.expect("task");
+        assert_eq!((r.status.as_u16(), r.dedup()), (200, "forwarded"), "{r:?}");
+    }
+    let logs = Arc::clone(&gw.logs);
+    assert_eq!(gw.wait().await, Some(0));
+    assert!(logs_text(&logs).contains("drained"), "{}", logs_text(&logs));
+}
+
+/// Polls an admin endpoint until it answers `status`.
+async fn eventually_status(admin: &Client, path: &str, status: u16) -> u16 {
+    let mut last = 0;
+    within(&format!("{path} to answer {status}"), async {
+        loop {
+            last = admin
+                .send(http::Method::GET, path, &[], "")
+                .await
+                .status
+                .as_u16();
+            if last == status {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    last
+}

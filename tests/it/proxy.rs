@@ -1,0 +1,240 @@
+//! The HTTP side: routing, pass-through, proxy headers, body limits, RFC 9112 framing,
+//! header timeout, and HTTP/2 (h2c) behaving as HTTP/1.1 does.
+
+use http::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{Cfg, Client, TestGateway, Upstream, msg, within};
+
+/// Writes raw bytes and reads everything the gateway answers until it closes.
+async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut out = Vec::new();
+    within(
+        "the gateway to close the connection",
+        stream.read_to_end(&mut out),
+    )
+    .await
+    .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn unknown_paths_get_404_without_a_dedup_status() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new(), &upstream).await;
+    let r = gw.client().post("/nope", &msg("x")).await;
+    assert_eq!(r.status, 404);
+    assert!(r.headers.get("x-dedup-status").is_none());
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn other_methods_stream_through_untouched_and_undeduped() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new(), &upstream).await;
+    let client = gw.client();
+    for _ in 0..2 {
+        let r = client
+            .send(Method::GET, "/hook?signature=s&echostr=e1", &[], "")
+            .await;
+        assert_eq!((r.status.as_u16(), r.dedup()), (200, "bypass"));
+    }
+    let r = client.send(Method::DELETE, "/hook", &[], &msg("d")).await;
+    assert_eq!(r.dedup(), "bypass");
+    let got = upstream.received();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0].uri, "/hook?signature=s&echostr=e1");
+    assert_eq!(got[2].method, Method::DELETE);
+    assert_eq!(got[2].body, msg("d").as_bytes());
+}
+
+#[tokio::test]
+async fn prefix_routes_forward_path_and_query_unchanged() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().extra(
+        "[[routes]]\nname = \"gh\"\npath = \"/gh/*\"\nupstream = \"{upstream}\"\nkey = [\"header:X-GitHub-Delivery\"]\n",
+    );
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let client = gw.client();
+    let h = [("x-github-delivery", "d-1")];
+    assert_eq!(
+        client
+            .send(Method::POST, "/gh/repo/events?x=1", &h, "{}")
+            .await
+            .dedup(),
+        "forwarded"
+    );
+    assert_eq!(
+        client
+            .send(Method::POST, "/gh/other", &h, "{}")
+            .await
+            .dedup(),
+        "duplicate"
+    );
+    assert_eq!(upstream.received()[0].uri, "/gh/repo/events?x=1");
+}
+
+#[tokio::test]
+async fn forwarded_requests_carry_proxy_headers_and_the_exact_body() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new(), &upstream).await;
+    let body = "{\"msgId\":\"hdr\",\"text\":\"caf\u{e9} \u{1F600}\",\"pad\":\"  \\n\"}";
+    let r = gw
+        .client()
+        .send(
+            Method::POST,
+            "/hook?q=1",
+            &[
+                ("host", "bot.example"),
+                ("connection", "x-hop"),
+                ("x-hop", "secret"),
+                ("x-forwarded-for", "192.0.2.7"),
+                ("x-custom", "kept"),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(r.dedup(), "forwarded");
+    let got = &upstream.received()[0];
+    assert_eq!(got.body, body.as_bytes());
+    assert_eq!(got.uri, "/hook?q=1");
+    assert_eq!(got.headers["x-forwarded-for"], "192.0.2.7, 127.0.0.1");
+    assert_eq!(got.headers["x-forwarded-proto"], "http");
+    assert_eq!(got.headers["x-forwarded-host"], "bot.example");
+    assert_eq!(got.headers["host"], "bot.example");
+    assert_eq!(got.headers["x-custom"], "kept");
+    assert!(
+        got.headers.get("x-hop").is_none(),
+        "fields named in Connection are hop-by-hop"
+    );
+}
+
+#[tokio::test]
+async fn bodies_over_max_body_get_413_whether_sized_or_chunked() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new().server("max_body = \"1KiB\""), &upstream).await;
+    let big = format!("{{\"msgId\":\"big\",\"pad\":\"{}\"}}", "x".repeat(2000));
+
+    let r = gw.client().post("/hook", &big).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (413, "too-large"));
+    assert_eq!(r.headers["connection"], "close");
+
+    let mut chunked =
+        b"POST /hook HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for chunk in big.as_bytes().chunks(300) {
+        chunked.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        chunked.extend_from_slice(chunk);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let answer = raw(gw.addr, &chunked).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("x-dedup-status: too-large"), "{answer}");
+
+    assert_eq!(upstream.count(), 0, "nothing forwarded");
+    // Nothing stored either: the same id under the limit is a first sighting.
+    assert_eq!(
+        gw.client().post("/hook", &msg("big")).await.dedup(),
+        "forwarded"
+    );
+    assert_eq!(
+        gw.metric(r#"dedup_requests_total{route="bot",outcome="too_large"}"#),
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn ambiguous_framing_gets_400_and_a_closed_connection() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new(), &upstream).await;
+    let body = msg("smuggle");
+    for head in [
+        format!(
+            "Content-Length: {}\r\nTransfer-Encoding: chunked",
+            body.len()
+        ),
+        format!(
+            "Transfer-Encoding: chunked\r\nContent-Length: {}",
+            body.len()
+        ),
+        format!(
+            "Content-Length: {}\r\nContent-Length: {}",
+            body.len(),
+            body.len() + 1
+        ),
+    ] {
+        let request = format!(
+            "POST /hook HTTP/1.1\r\nHost: gw\r\n{head}\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\nGET /hook HTTP/1.1\r\nHost: gw\r\n\r\n",
+            body.len()
+        );
+        let answer = raw(gw.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head:?}: {answer}");
+        assert_eq!(
+            answer.matches("HTTP/1.1").count(),
+            1,
+            "closed after the 400: {answer}"
+        );
+    }
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn slow_headers_are_cut_off() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new().server("header_timeout = \"300ms\""), &upstream).await;
+    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+    stream
+        .write_all(b"POST /hook HTTP/1.1\r\nHost: gw\r\n")
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    // The gateway closes the connection (possibly after a 408) without us sending more.
+    within(
+        "the slow client to be cut off",
+        stream.read_to_end(&mut out),
+    )
+    .await
+    .expect("read");
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn h2c_behaves_like_http1() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new().server("max_body = \"1KiB\""), &upstream).await;
+    let h2 = Client::h2c(gw.addr);
+    let first = h2.post("/hook", &msg("h2")).await;
+    assert_eq!(
+        (first.status.as_u16(), first.dedup(), first.body.as_str()),
+        (200, "forwarded", r#"{"reply":"ok h2"}"#)
+    );
+    let dup = h2.post("/hook", &msg("h2")).await;
+    assert_eq!(
+        (dup.status.as_u16(), dup.dedup(), dup.body.as_str()),
+        (200, "duplicate", "success")
+    );
+    // Across protocols it is the same message.
+    assert_eq!(
+        gw.client().post("/hook", &msg("h2")).await.dedup(),
+        "duplicate"
+    );
+    let big = h2.post("/hook", &"x".repeat(2000)).await;
+    assert_eq!((big.status.as_u16(), big.dedup()), (413, "too-large"));
+    let get = h2.send(Method::GET, "/hook?echostr=1", &[], "").await;
+    assert_eq!(get.dedup(), "bypass");
+    assert_eq!(h2.post("/nope", "{}").await.status, 404);
+    let got = upstream.received();
+    assert_eq!(got.len(), 2);
+    assert!(
+        got[0].headers.get("host").is_some(),
+        "h2 requests reach the upstream with a Host"
+    );
+}

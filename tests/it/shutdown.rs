@@ -1,0 +1,54 @@
+//! Draining in-process: readiness flips at once, finished requests complete, and an
+//! owner still running when the grace ends releases its claim.
+
+use dedup_gateway::store::Store;
+use http::Method;
+
+use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, msg, within};
+
+#[tokio::test]
+async fn an_owner_abandoned_at_the_end_of_the_grace_releases_its_claim() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let upstream = Upstream::with(move |_| {
+        let g = g.clone();
+        async move {
+            g.pass().await; // never opened: this bot hangs
+            Reply::new(200, "never")
+        }
+    })
+    .await;
+    let cfg = Cfg::new().server("shutdown_grace = \"300ms\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    let client = gw.client();
+    let c = client.clone();
+    let stuck = tokio::spawn(async move { c.post("/hook", &msg("stuck")).await });
+    upstream.wait_for(1).await;
+    let key = "dedup:bot:stuck";
+    assert!(gw.gw.store.get(key).await.expect("get").is_some(), "PROCESSING while in flight");
+
+    let store = gw.gw.clone();
+    let ready_before = admin.send(Method::GET, "/readyz", &[], "").await.status;
+    assert_eq!(ready_before, 200);
+    gw.stop().await;
+    let answer = within("the abandoned request", stuck).await.expect("task");
+    assert_eq!((answer.status.as_u16(), answer.headers["retry-after"].to_str().ok()), (503, Some("1")));
+    assert_eq!(store.store.get(key).await.expect("get"), None, "no PROCESSING marker left behind");
+    assert_eq!(upstream.count(), 1);
+}
+
+#[tokio::test]
+async fn readiness_turns_503_as_soon_as_draining_starts() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().server("shutdown_delay = \"30s\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    assert_eq!(admin.send(Method::GET, "/readyz", &[], "").await.status, 200);
+    gw.gw.start_draining();
+    assert_eq!(admin.send(Method::GET, "/readyz", &[], "").await.status, 503);
+    assert_eq!(admin.send(Method::GET, "/healthz", &[], "").await.status, 200);
+    assert_eq!(admin.send(Method::GET, "/livez", &[], "").await.status, 200);
+    // During shutdown_delay the proxy still serves.
+    assert_eq!(gw.client().post("/hook", &msg("late")).await.dedup(), "forwarded");
+}

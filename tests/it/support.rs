@@ -1,0 +1,457 @@
+//! Test DSL: a recording upstream, the gateway in-process on port 0 (or as a real
+//! process), and an HTTP client. Everything real: sockets on loopback, no mocks.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dedup_gateway::{Config, Gateway, Listeners};
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, oneshot};
+
+/// How long any awaited condition may take before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Awaits `fut`, failing the test with `what` if it takes longer than [`PATIENCE`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// Polls `cond` until it holds (bounded by [`PATIENCE`]).
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
+// ---------------------------------------------------------------- upstream
+
+/// A request the upstream received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: Method,
+    pub uri: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    /// The `msgId` of a JSON body, for counting deliveries per id.
+    pub fn msg_id(&self) -> Option<String> {
+        let v: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
+        match &v["msgId"] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// What the upstream answers.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub content_type: &'static str,
+}
+
+impl Reply {
+    pub fn new(status: u16, body: impl Into<String>) -> Self {
+        Reply {
+            status,
+            body: body.into(),
+            content_type: "application/json",
+        }
+    }
+}
+
+type Behaviour = Arc<dyn Fn(Received) -> Pin<Box<dyn Future<Output = Reply> + Send>> + Send + Sync>;
+
+/// A real HTTP server on loopback that records every request and answers per behaviour.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    log: Arc<(Mutex<Vec<Received>>, Notify)>,
+}
+
+impl Upstream {
+    /// Answers 200 `{"reply":"ok <msgId>"}` at once.
+    pub async fn ok() -> Self {
+        Self::with(|r| async move {
+            Reply::new(
+                200,
+                format!("{{\"reply\":\"ok {}\"}}", r.msg_id().unwrap_or_default()),
+            )
+        })
+        .await
+    }
+
+    pub async fn with<F, Fut>(behaviour: F) -> Self
+    where
+        F: Fn(Received) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Reply> + Send + 'static,
+    {
+        let behaviour: Behaviour = Arc::new(move |r| Box::pin(behaviour(r)));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let log = Arc::new((Mutex::new(Vec::new()), Notify::new()));
+        let log2 = Arc::clone(&log);
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let behaviour = Arc::clone(&behaviour);
+                let log = Arc::clone(&log2);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let behaviour = Arc::clone(&behaviour);
+                        let log = Arc::clone(&log);
+                        async move {
+                            let (head, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let received = Received {
+                                method: head.method,
+                                uri: head.uri.to_string(),
+                                headers: head.headers,
+                                body,
+                            };
+                            {
+                                let mut all = log.0.lock().expect("log");
+                                all.push(received.clone());
+                            }
+                            log.1.notify_waiters();
+                            let reply = behaviour(received).await;
+                            let response = http::Response::builder()
+                                .status(reply.status)
+                                .header("content-type", reply.content_type)
+                                .body(Full::new(Bytes::from(reply.body)))
+                                .expect("response");
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, log }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.log.0.lock().expect("log").clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.log.0.lock().expect("log").len()
+    }
+
+    /// Waits until at least `n` requests have arrived.
+    pub async fn wait_for(&self, n: usize) {
+        within(&format!("{n} upstream deliveries"), async {
+            loop {
+                let notified = self.log.1.notified();
+                if self.count() >= n {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+    }
+}
+
+/// A gate a slow upstream waits at until the test opens it.
+#[derive(Clone)]
+pub struct Gate(Arc<tokio::sync::Semaphore>);
+
+impl Gate {
+    pub fn new() -> Self {
+        Gate(Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    pub async fn pass(&self) {
+        within("the gate to open", self.0.acquire())
+            .await
+            .expect("gate")
+            .forget();
+    }
+
+    /// Lets `n` waiting (or future) passers through.
+    pub fn open(&self, n: usize) {
+        self.0.add_permits(n);
+    }
+}
+
+// ---------------------------------------------------------------- config
+
+/// A gateway config around one route named `bot` at `/hook`, keyed on `json:/msgId`.
+pub struct Cfg {
+    pub server: String,
+    pub store: String,
+    pub route: String,
+    pub extra: String,
+}
+
+impl Cfg {
+    pub fn new() -> Self {
+        Cfg {
+            server: String::new(),
+            store: String::new(),
+            route: String::new(),
+            extra: String::new(),
+        }
+    }
+
+    pub fn server(mut self, line: &str) -> Self {
+        self.server.push_str(line);
+        self.server.push('\n');
+        self
+    }
+
+    pub fn store(mut self, line: &str) -> Self {
+        self.store.push_str(line);
+        self.store.push('\n');
+        self
+    }
+
+    pub fn route(mut self, line: &str) -> Self {
+        self.route.push_str(line);
+        self.route.push('\n');
+        self
+    }
+
+    /// Appends raw TOML (e.g. another `[[routes]]`); `{upstream}` is filled in later.
+    pub fn extra(mut self, toml: &str) -> Self {
+        self.extra.push_str(toml);
+        self
+    }
+
+    pub fn toml(&self, upstream: &str) -> String {
+        let has =
+            |section: &str, key: &str| section.lines().any(|l| l.trim_start().starts_with(key));
+        let mut server = self.server.clone();
+        if !has(&server, "listen") {
+            server.push_str("listen = \"127.0.0.1:0\"\n");
+        }
+        if !has(&server, "admin_listen") {
+            server.push_str("admin_listen = \"127.0.0.1:0\"\n");
+        }
+        let key = if has(&self.route, "key") {
+            ""
+        } else {
+            "key = [\"json:/msgId\"]\n"
+        };
+        format!(
+            "[server]\n{server}\n[store]\n{}\n[[routes]]\nname = \"bot\"\npath = \"/hook\"\nupstream = \"{upstream}\"\n{key}{}\n{}",
+            self.store,
+            self.route,
+            self.extra.replace("{upstream}", upstream)
+        )
+    }
+}
+
+// ---------------------------------------------------------------- gateway in-process
+
+/// A gateway running in this test's runtime on port 0.
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub gw: Arc<Gateway>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestGateway {
+    pub async fn start(cfg: &Cfg, upstream: &Upstream) -> Self {
+        Self::start_toml(&cfg.toml(&upstream.url())).await
+    }
+
+    pub async fn start_toml(toml: &str) -> Self {
+        let config =
+            Config::parse(toml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{toml}"));
+        let store = crate::support::store_for(&config).await;
+        Self::start_with(config, store).await
+    }
+
+    pub async fn start_with(config: Config, store: dedup_gateway::store::AnyStore) -> Self {
+        let listeners = Listeners::bind(&config.server).await.expect("bind gateway");
+        let addr = listeners.proxy_addr().expect("addr");
+        let admin = listeners
+            .admin
+            .as_ref()
+            .map(|l| l.local_addr().expect("admin addr"));
+        let gw = Gateway::new(&config, store);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(dedup_gateway::run(
+            Arc::clone(&gw),
+            config.server.clone(),
+            listeners,
+            async {
+                let _ = rx.await;
+            },
+        ));
+        TestGateway {
+            addr,
+            admin,
+            gw,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::http1(self.addr)
+    }
+
+    /// The Prometheus text the admin listener would serve.
+    pub fn metrics(&self) -> String {
+        self.gw
+            .metrics
+            .render(dedup_gateway::store::Store::entries(&self.gw.store))
+    }
+
+    /// The value of one sample line, e.g. `dedup_requests_total{route="bot",outcome="forwarded"}`.
+    pub fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.metrics(), series)
+    }
+
+    /// Signals shutdown and waits for the drain to finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            within("the gateway to drain", task)
+                .await
+                .expect("gateway task");
+        }
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Reads one sample from Prometheus text; 0 when the series is absent.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The store a test config asks for.
+pub async fn store_for(config: &Config) -> dedup_gateway::store::AnyStore {
+    dedup_gateway::store::connect(&config.store)
+        .await
+        .unwrap_or_else(|e| panic!("store: {e}"))
+}
+
+// ---------------------------------------------------------------- client
+
+/// An HTTP client for the gateway (HTTP/1.1, or h2c with prior knowledge).
+#[derive(Clone)]
+pub struct Client {
+    inner: HyperClient<HttpConnector, Full<Bytes>>,
+    base: SocketAddr,
+}
+
+/// A response, fully read.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Resp {
+    /// The `x-dedup-status` header ("" when absent).
+    pub fn dedup(&self) -> &str {
+        self.headers
+            .get("x-dedup-status")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+impl Client {
+    pub fn http1(base: SocketAddr) -> Self {
+        let inner = HyperClient::builder(TokioExecutor::new()).build_http();
+        Client { inner, base }
+    }
+
+    pub fn h2c(base: SocketAddr) -> Self {
+        let inner = HyperClient::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+        Client { inner, base }
+    }
+
+    pub async fn post(&self, path: &str, body: &str) -> Resp {
+        self.send(Method::POST, path, &[], body).await
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Resp {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .expect("request");
+        let response = within("a response", self.inner.request(req))
+            .await
+            .expect("request failed");
+        let (head, body) = response.into_parts();
+        let body = within("a response body", body.collect())
+            .await
+            .expect("body")
+            .to_bytes();
+        Resp {
+            status: head.status,
+            headers: head.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+}
+
+/// A JSON webhook body with this message id.
+pub fn msg(id: &str) -> String {
+    format!("{{\"msgId\":\"{id}\",\"content\":\"hello\"}}")
+}

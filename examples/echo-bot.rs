@@ -20,9 +20,7 @@ static RECEIVED: AtomicU64 = AtomicU64::new(0);
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:5000".to_owned());
+    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:5000".to_owned());
     let listener = TcpListener::bind(&addr).await?;
     println!("echo-bot listening on http://{addr}");
     loop {
@@ -37,11 +35,7 @@ async fn main() -> std::io::Result<()> {
 
 async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let (head, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let n = RECEIVED.fetch_add(1, Ordering::Relaxed) + 1;
     println!(
         "#{n} {} {} ({} bytes): {}",
@@ -52,9 +46,8 @@ async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Byt
     );
     let reply = format!("{{\"reply\":\"got {} bytes\"}}\n", body.len());
     let mut response = Response::new(Full::new(Bytes::from(reply)));
-    response.headers_mut().insert(
-        "content-type",
-        "application/json".parse().expect("static header"),
-    );
+    response
+        .headers_mut()
+        .insert("content-type", "application/json".parse().expect("static header"));
     Ok(response)
 }

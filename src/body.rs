@@ -45,10 +45,7 @@ impl http_body::Body for Body {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Body::Incoming(incoming) => Pin::new(incoming).poll_frame(cx),
@@ -116,6 +113,8 @@ pub async fn read_limited(mut body: Incoming, limit: u64) -> Result<Bytes, ReadE
             None if rest.is_empty() => first = Some(data),
             _ => {
                 if let Some(chunk) = first.take() {
+                    // Several chunks: size the buffer once for the announced length.
+                    rest.reserve(body.size_hint().lower().min(limit) as usize + chunk.len());
                     rest.extend_from_slice(&chunk);
                 }
                 rest.extend_from_slice(&data);
@@ -127,10 +126,7 @@ pub async fn read_limited(mut body: Incoming, limit: u64) -> Result<Bytes, ReadE
 
 /// Reads at most `limit` bytes of a body. `Ok(Ok(bytes))` when the whole body fit;
 /// `Ok(Err(body))` when it did not, with a body that still yields every byte.
-pub async fn read_up_to(
-    mut body: Incoming,
-    limit: usize,
-) -> Result<Result<Bytes, Body>, hyper::Error> {
+pub async fn read_up_to(mut body: Incoming, limit: usize) -> Result<Result<Bytes, Body>, hyper::Error> {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {

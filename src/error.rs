@@ -9,10 +9,20 @@ use crate::outcome::Outcome;
 use crate::proxy::UpstreamError;
 use crate::store::StoreError;
 
+/// The answer for a path no route serves (no `x-dedup-status`: it is on no route).
+pub fn not_found() -> Response<Body> {
+    let mut response = Response::new(Body::full("no route for this path\n"));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Why a request on a route ended without a regular answer.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    #[error("no route for this path")]
-    NoRoute,
     #[error("request body exceeds {limit} bytes")]
     TooLarge { limit: u64 },
     #[error("reading the request body failed: {0}")]
@@ -39,13 +49,10 @@ pub enum GatewayError {
 impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::NoRoute => StatusCode::NOT_FOUND,
             GatewayError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::BadBody(_) | GatewayError::MissingKey => StatusCode::BAD_REQUEST,
             GatewayError::InFlight => StatusCode::CONFLICT,
-            GatewayError::StoreUnavailable(_) | GatewayError::Abandoned => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayError::StoreUnavailable(_) | GatewayError::Abandoned => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream {
                 error: UpstreamError::Timeout(_),
                 ..
@@ -54,17 +61,16 @@ impl GatewayError {
         }
     }
 
-    /// The outcome counted and sent in `x-dedup-status`; `None` off any route.
-    pub fn outcome(&self) -> Option<Outcome> {
+    /// The outcome counted and sent in `x-dedup-status`.
+    pub fn outcome(&self) -> Outcome {
         match self {
-            GatewayError::NoRoute => None,
-            GatewayError::TooLarge { .. } => Some(Outcome::TooLarge),
-            GatewayError::BadBody(_) => Some(Outcome::Rejected),
-            GatewayError::MissingKey => Some(Outcome::NoKey),
-            GatewayError::InFlight => Some(Outcome::InFlight),
-            GatewayError::StoreUnavailable(_) => Some(Outcome::StoreUnavailable),
-            GatewayError::Upstream { outcome, .. } => Some(*outcome),
-            GatewayError::Abandoned | GatewayError::Internal(_) => Some(Outcome::Forwarded),
+            GatewayError::TooLarge { .. } => Outcome::TooLarge,
+            GatewayError::BadBody(_) => Outcome::Rejected,
+            GatewayError::MissingKey => Outcome::NoKey,
+            GatewayError::InFlight => Outcome::InFlight,
+            GatewayError::StoreUnavailable(_) => Outcome::StoreUnavailable,
+            GatewayError::Upstream { outcome, .. } => *outcome,
+            GatewayError::Abandoned | GatewayError::Internal(_) => Outcome::Forwarded,
         }
     }
 
@@ -84,7 +90,6 @@ impl GatewayError {
 
     fn reason(&self) -> &'static str {
         match self {
-            GatewayError::NoRoute => "no route for this path\n",
             GatewayError::TooLarge { .. } => "request body too large\n",
             GatewayError::BadBody(_) => "could not read the request body\n",
             GatewayError::MissingKey => "no message id in the request\n",
@@ -94,6 +99,10 @@ impl GatewayError {
                 error: UpstreamError::Timeout(_),
                 ..
             } => "upstream timed out\n",
+            GatewayError::Upstream {
+                error: UpstreamError::Body(_),
+                ..
+            } => "upstream response broke off\n",
             GatewayError::Upstream { .. } => "upstream unavailable\n",
             GatewayError::Abandoned => "gateway restarting; retry later\n",
             GatewayError::Internal(_) => "gateway error\n",
@@ -123,43 +132,35 @@ impl GatewayError {
 mod tests {
     use super::*;
 
-    fn row(e: GatewayError) -> (u16, Option<&'static str>, bool) {
+    fn row(e: GatewayError) -> (u16, &'static str, bool) {
         let r = e.to_response();
         (
             r.status().as_u16(),
-            e.outcome().map(Outcome::label),
-            r.headers()
-                .get(header::RETRY_AFTER)
-                .is_some_and(|v| v == "1"),
+            e.outcome().label(),
+            r.headers().get(header::RETRY_AFTER).is_some_and(|v| v == "1"),
         )
     }
 
     #[test]
     fn every_error_has_its_pinned_answer() {
         let timeout = UpstreamError::Timeout(std::time::Duration::from_secs(1));
-        assert_eq!(row(GatewayError::NoRoute), (404, None, false));
-        assert_eq!(
-            row(GatewayError::TooLarge { limit: 1 }),
-            (413, Some("too_large"), false)
-        );
-        assert_eq!(row(GatewayError::MissingKey), (400, Some("no_key"), false));
-        assert_eq!(row(GatewayError::InFlight), (409, Some("in_flight"), true));
+        assert_eq!(not_found().status(), 404);
+        assert_eq!(row(GatewayError::TooLarge { limit: 1 }), (413, "too_large", false));
+        assert_eq!(row(GatewayError::MissingKey), (400, "no_key", false));
+        assert_eq!(row(GatewayError::InFlight), (409, "in_flight", true));
         assert_eq!(
             row(GatewayError::StoreUnavailable(StoreError::Timeout)),
-            (503, Some("store_unavailable"), true)
+            (503, "store_unavailable", true)
         );
         assert_eq!(
             row(GatewayError::Upstream {
                 error: timeout,
                 outcome: Outcome::Forwarded
             }),
-            (504, Some("forwarded"), false)
+            (504, "forwarded", false)
         );
-        assert_eq!(row(GatewayError::Abandoned), (503, Some("forwarded"), true));
-        assert_eq!(
-            row(GatewayError::Internal("x".into())),
-            (502, Some("forwarded"), false)
-        );
+        assert_eq!(row(GatewayError::Abandoned), (503, "forwarded", true));
+        assert_eq!(row(GatewayError::Internal("x".into())), (502, "forwarded", false));
         let close = GatewayError::TooLarge { limit: 1 }.to_response();
         assert_eq!(close.headers()[header::CONNECTION], "close");
     }

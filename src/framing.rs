@@ -9,39 +9,50 @@
 //!
 //! It tracks heads byte by byte but skips bodies by their declared length or chunk
 //! sizes, so the cost is proportional to header bytes. HTTP/2 connections are ignored.
+//!
+//! It also replays the bytes the server read to tell HTTP/1 from HTTP/2.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The longest header line kept for inspection; only names and short values matter.
-const LINE_CAP: usize = 256;
+const LINE_CAP: usize = 1024;
 
 pub struct FramingGuard<S> {
     inner: S,
+    /// Bytes already read from `inner` (protocol detection), handed out first.
+    prefix: Bytes,
     tracker: Tracker,
 }
 
 impl<S> FramingGuard<S> {
-    pub fn new(inner: S) -> Self {
-        FramingGuard {
-            inner,
-            tracker: Tracker::default(),
+    /// Wraps a connection whose first bytes, `prefix`, were already read from it.
+    /// `http1 = false` (HTTP/2) passes everything through unexamined.
+    pub fn new(inner: S, prefix: Bytes, http1: bool) -> Self {
+        let mut tracker = Tracker::default();
+        if !http1 {
+            tracker.phase = Phase::Off;
         }
+        FramingGuard { inner, prefix, tracker }
     }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let start = buf.filled().len();
         let this = &mut *self;
-        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let poll = if this.prefix.has_remaining() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            Poll::Ready(Ok(()))
+        } else {
+            Pin::new(&mut this.inner).poll_read(cx, buf)
+        };
         if let Poll::Ready(Ok(())) = poll {
             this.tracker.feed(&mut buf.filled_mut()[start..]);
         }
@@ -50,11 +61,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
@@ -239,14 +246,10 @@ impl Tracker {
         let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
         if name.eq_ignore_ascii_case(b"content-length") {
             self.has_length = true;
-            self.content_length = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+            self.content_length = content_length(value);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             self.has_te = true;
-            let last = value
-                .rsplit(|&b| b == b',')
-                .next()
-                .map(trim)
-                .unwrap_or_default();
+            let last = value.rsplit(|&b| b == b',').next().map(trim).unwrap_or_default();
             self.chunked = last.eq_ignore_ascii_case(b"chunked");
         } else {
             return false;
@@ -277,6 +280,15 @@ impl Tracker {
         self.has_te = false;
         self.chunked = false;
     }
+}
+
+/// A Content-Length value; `5, 5` (repeated equal values) is valid, as hyper holds.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let mut lengths = value
+        .split(|&b| b == b',')
+        .map(|v| std::str::from_utf8(trim(v)).ok()?.parse::<u64>().ok());
+    let first = lengths.next()??;
+    lengths.all(|n| n == Some(first)).then_some(first)
 }
 
 fn trim(mut s: &[u8]) -> &[u8] {
@@ -312,11 +324,7 @@ mod tests {
             ] {
                 let (out, phase) = run(req, step);
                 assert_eq!(phase, Phase::Off, "step {step}");
-                assert_eq!(
-                    out.iter().filter(|&&b| b == 0).count(),
-                    1,
-                    "step {step}: {req:?}"
-                );
+                assert_eq!(out.iter().filter(|&&b| b == 0).count(), 1, "step {step}: {req:?}");
                 assert!(
                     httparse::Request::new(&mut [httparse::EMPTY_HEADER; 8])
                         .parse(&out)
@@ -340,6 +348,20 @@ mod tests {
             assert_eq!(out, reqs.as_bytes(), "step {step}");
             assert_eq!(phase, Phase::Head { first: true }, "step {step}");
         }
+    }
+
+    #[test]
+    fn repeated_equal_lengths_keep_tracking_on() {
+        let reqs = "POST /a HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabcPOST /b HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let (out, phase) = run(reqs, 5);
+        assert_eq!(phase, Phase::Off);
+        assert_eq!(
+            out.iter().filter(|&&b| b == 0).count(),
+            1,
+            "the second request is still caught"
+        );
+        assert_eq!(content_length(b"7"), Some(7));
+        assert_eq!(content_length(b"7, 8"), None);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Gateway {
     pub max_body: u64,
     pub key_prefix: String,
     pub on_store_error: OnStoreError,
+    /// The bound on every store call (`store.timeout`).
+    pub store_timeout: Duration,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
@@ -51,6 +53,7 @@ impl Gateway {
             max_body: config.server.max_body,
             key_prefix: config.store.key_prefix.clone(),
             on_store_error: config.store.on_error,
+            store_timeout: config.store.timeout,
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
             draining: AtomicBool::new(false),
@@ -61,8 +64,7 @@ impl Gateway {
     /// Installs the routes of a new config generation; requests already routed finish
     /// with the old ones.
     pub fn swap_routes(&self, config: &Config) {
-        self.routes
-            .store(Arc::new(Routes::new(&config.routes, &self.metrics)));
+        self.routes.store(Arc::new(Routes::new(&config.routes, &self.metrics)));
     }
 
     pub fn start_draining(&self) {
@@ -80,8 +82,7 @@ impl Gateway {
     pub async fn check_store(&self) -> bool {
         let started = tokio::time::Instant::now();
         let ok = self.store.ping().await.is_ok();
-        self.metrics
-            .store_call(StoreOp::Ping, started.elapsed(), !ok);
+        self.metrics.store_call(StoreOp::Ping, started.elapsed(), !ok);
         if ok {
             self.store_ok_ms.store(unix_ms(), Ordering::Relaxed);
         }

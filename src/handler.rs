@@ -11,52 +11,44 @@ use tokio::time::Instant;
 
 use crate::body::{self, Body, ReadError};
 use crate::dedup::key::{Input, stored_key};
-use crate::dedup::policy::OnMissingKey;
+use crate::dedup::policy::{Mode, OnMissingKey};
 use crate::dedup::{self, Answer};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, not_found};
 use crate::gateway::Gateway;
 use crate::outcome::{Outcome, STATUS_HEADER};
-use crate::proxy::{self, Peer};
+use crate::proxy::Peer;
 use crate::routing::Route;
 
 /// Serves one request on the proxy listener.
-pub async fn handle(
-    gw: Arc<Gateway>,
-    peer: Peer,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, Infallible> {
+pub async fn handle(gw: Arc<Gateway>, peer: Peer, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let Some(route) = gw.routes.load().find(req.uri().path()).cloned() else {
-        return Ok(GatewayError::NoRoute.to_response());
+        return Ok(not_found());
     };
     let started = Instant::now();
     let method = req.method().clone();
-    let mut key = None;
-    let result = if is_deduped(&method) {
-        inner(&gw, &route, peer, req, &mut key).await
+    let (key, result) = if is_deduped(&method) {
+        keyed(&gw, &route, peer, req).await
     } else {
-        bypass(&gw, &route, peer, req).await
+        let (head, body) = req.into_parts();
+        let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
+        (None, bypass.await)
     };
+    let key = key.as_deref().unwrap_or("-");
     let (outcome, mut response) = match result {
         Ok(Answer { outcome, response }) => (outcome, response),
         Err(error) => {
             // Store failures were logged where they were handled; log the rest once here.
-            if matches!(
-                error,
-                GatewayError::Upstream { .. } | GatewayError::Internal(_)
-            ) {
-                tracing::warn!(route = %route.config.name, key = key.as_deref().unwrap_or("-"), %error, "request failed");
+            if matches!(error, GatewayError::Upstream { .. } | GatewayError::Internal(_)) {
+                tracing::warn!(route = %route.config.name, key, %error, "request failed");
             }
-            let outcome = error.outcome().unwrap_or(Outcome::Rejected);
-            (outcome, error.to_response())
+            (error.outcome(), error.to_response())
         }
     };
     route.metrics.request(outcome);
-    response
-        .headers_mut()
-        .insert(STATUS_HEADER, outcome.header());
+    response.headers_mut().insert(STATUS_HEADER, outcome.header());
     tracing::debug!(
         route = %route.config.name,
-        key = key.as_deref().unwrap_or("-"),
+        key,
         %method,
         outcome = outcome.label(),
         status = response.status().as_u16(),
@@ -72,20 +64,19 @@ fn is_deduped(method: &Method) -> bool {
     matches!(*method, Method::POST | Method::PUT | Method::PATCH)
 }
 
-async fn inner(
+/// A request that is deduped: the stored key it had (if any) and how it ended.
+async fn keyed(
     gw: &Arc<Gateway>,
     route: &Arc<Route>,
     peer: Peer,
     req: Request<Incoming>,
-    key_out: &mut Option<String>,
-) -> Result<Answer, GatewayError> {
+) -> (Option<Arc<str>>, Result<Answer, GatewayError>) {
     let (head, body) = req.into_parts();
-    let body = body::read_limited(body, gw.max_body)
-        .await
-        .map_err(|e| match e {
-            ReadError::TooLarge { limit } => GatewayError::TooLarge { limit },
-            ReadError::Broken(e) => GatewayError::BadBody(e),
-        })?;
+    let body = match body::read_limited(body, gw.max_body).await {
+        Ok(body) => body,
+        Err(ReadError::TooLarge { limit }) => return (None, Err(GatewayError::TooLarge { limit })),
+        Err(ReadError::Broken(e)) => return (None, Err(GatewayError::BadBody(e))),
+    };
     let config = &route.config;
     let key = config
         .key
@@ -94,40 +85,23 @@ async fn inner(
             body: &body,
         })
         .map(|value| stored_key(&gw.key_prefix, &config.name, &value));
-    let req = dedup::Request { head, body, peer };
     let Some(key) = key else {
-        return match config.policy.on_missing_key {
-            OnMissingKey::Forward => dedup::forward_unowned(gw, route, req, Outcome::NoKey).await,
+        let policy = match config.policy.mode {
+            Mode::Shadow => OnMissingKey::Forward, // shadow mode forwards every request
+            Mode::Enforce => config.policy.on_missing_key,
+        };
+        let result = match policy {
+            OnMissingKey::Forward => {
+                dedup::forward_unowned(gw, route, head, Body::full(body), peer, Outcome::NoKey).await
+            }
             OnMissingKey::Reject => Err(GatewayError::MissingKey),
             OnMissingKey::Ack => Ok(Answer {
                 outcome: Outcome::NoKey,
                 response: dedup::duplicate_response(route),
             }),
         };
+        return (None, result);
     };
-    *key_out = Some(key.clone());
-    dedup::process(gw, route, key, req).await
-}
-
-/// Streams a request the gateway does not dedupe to the upstream, untouched.
-async fn bypass(
-    gw: &Gateway,
-    route: &Route,
-    peer: Peer,
-    req: Request<Incoming>,
-) -> Result<Answer, GatewayError> {
-    let (head, body) = req.into_parts();
-    let request = proxy::upstream_request(head, Body::Incoming(body), &route.config.upstream, peer)
-        .map_err(|e| GatewayError::Internal(e.to_string()))?;
-    let response =
-        dedup::send(gw, route, request)
-            .await
-            .map_err(|error| GatewayError::Upstream {
-                error,
-                outcome: Outcome::Bypass,
-            })?;
-    Ok(Answer {
-        outcome: Outcome::Bypass,
-        response: proxy::downstream_response(response),
-    })
+    let req = dedup::Request { head, body, peer };
+    (Some(Arc::clone(&key)), dedup::process(gw, route, key, req).await)
 }

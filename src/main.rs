@@ -21,12 +21,7 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Configuration file.
-    #[arg(
-        long,
-        global = true,
-        env = "DEDUP_GATEWAY_CONFIG",
-        default_value = "gateway.toml"
-    )]
+    #[arg(long, global = true, env = "DEDUP_GATEWAY_CONFIG", default_value = "gateway.toml")]
     config: PathBuf,
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -73,13 +68,7 @@ fn main() -> ExitCode {
             headers,
             query,
             file,
-        } => key(
-            &cli.config,
-            &route,
-            &headers,
-            query.as_deref(),
-            file.as_deref(),
-        ),
+        } => key(&cli.config, &route, &headers, query.as_deref(), file.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -110,13 +99,9 @@ fn load(path: &Path) -> anyhow::Result<Config> {
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let config = load(path)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let store = dedup_gateway::store::connect(&config.store)
-            .await
-            .context("store")?;
+        let store = dedup_gateway::store::connect(&config.store).await.context("store")?;
         let listeners = Listeners::bind(&config.server)
             .await
             .with_context(|| format!("cannot listen on {}", config.server.listen))?;
@@ -129,13 +114,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             version = env!("CARGO_PKG_VERSION"),
             "dedup-gateway serving"
         );
-        dedup_gateway::run(
-            gw,
-            config.server.clone(),
-            listeners,
-            dedup_gateway::shutdown::signal(),
-        )
-        .await;
+        dedup_gateway::run(gw, config.server.clone(), listeners, dedup_gateway::shutdown::signal()).await;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -172,10 +151,7 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
 }
 
 fn name_of<T: dedup_gateway::config::read::Choice + PartialEq>(value: T) -> &'static str {
-    T::NAMES
-        .iter()
-        .find(|(_, v)| *v == value)
-        .map_or("?", |(n, _)| n)
+    T::NAMES.iter().find(|(_, v)| *v == value).map_or("?", |(n, _)| n)
 }
 
 fn print_route(r: &RouteConfig) {
@@ -217,10 +193,7 @@ fn key(
     let config = load(path)?;
     let Some(route) = config.routes.iter().find(|r| r.name == route_name) else {
         let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
-        bail!(
-            "no route named {route_name:?} (routes: {})",
-            names.join(", ")
-        );
+        bail!("no route named {route_name:?} (routes: {})", names.join(", "));
     };
     let mut body = Vec::new();
     match file {
@@ -245,11 +218,7 @@ fn key(
             .with_context(|| format!("--header {header:?}: expected 'Name: value'"))?;
         request = request.header(name.trim(), value.trim());
     }
-    let head = request
-        .body(())
-        .context("invalid --header or --query")?
-        .into_parts()
-        .0;
+    let head = request.body(()).context("invalid --header or --query")?.into_parts().0;
     let (found, misses) = route.key.explain(Input {
         head: &head,
         body: &body,
@@ -260,10 +229,7 @@ fn key(
     match found {
         Some((source, value)) => {
             eprintln!("from {source}");
-            println!(
-                "{}",
-                stored_key(&config.store.key_prefix, &route.name, &value)
-            );
+            println!("{}", stored_key(&config.store.key_prefix, &route.name, &value));
             Ok(ExitCode::SUCCESS)
         }
         None => {

@@ -95,13 +95,7 @@ pub enum StoreOp {
 }
 
 impl StoreOp {
-    const ALL: [StoreOp; 5] = [
-        Self::Claim,
-        Self::Complete,
-        Self::Release,
-        Self::Get,
-        Self::Ping,
-    ];
+    const ALL: [StoreOp; 5] = [Self::Claim, Self::Complete, Self::Release, Self::Get, Self::Ping];
 
     fn label(self) -> &'static str {
         match self {
@@ -115,9 +109,7 @@ impl StoreOp {
 }
 
 fn upstream_histogram() -> Histogram {
-    Histogram::new([
-        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    ])
+    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])
 }
 
 fn store_histogram() -> Histogram {
@@ -163,22 +155,19 @@ impl Metrics {
             "Upstream answers to forwarded requests, by status class",
             upstream_responses.clone(),
         );
-        let upstream_duration: HistogramFamily<RouteLabels> =
-            Family::new_with_constructor(upstream_histogram);
+        let upstream_duration: HistogramFamily<RouteLabels> = Family::new_with_constructor(upstream_histogram);
         registry.register(
             "dedup_upstream_duration_seconds",
             "Time from forwarding a request to the upstream's response head",
             upstream_duration.clone(),
         );
-        let duplicate_age: HistogramFamily<RouteLabels> =
-            Family::new_with_constructor(age_histogram);
+        let duplicate_age: HistogramFamily<RouteLabels> = Family::new_with_constructor(age_histogram);
         registry.register(
             "dedup_duplicate_age_seconds",
             "How long after the first sighting duplicates arrive (to size completed_ttl)",
             duplicate_age.clone(),
         );
-        let store_duration: HistogramFamily<OpLabels> =
-            Family::new_with_constructor(store_histogram);
+        let store_duration: HistogramFamily<OpLabels> = Family::new_with_constructor(store_histogram);
         registry.register(
             "dedup_store_duration_seconds",
             "Store call latency, by operation",
@@ -270,9 +259,7 @@ impl Metrics {
 
     pub fn config_reload(&self, ok: bool) {
         let result = if ok { "success" } else { "failure" };
-        self.config_reloads
-            .get_or_create(&ResultLabels { result })
-            .inc();
+        self.config_reloads.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// Renders the Prometheus text exposition, refreshing sampled gauges first.

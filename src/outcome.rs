@@ -82,10 +82,7 @@ mod tests {
     #[test]
     fn header_is_label_with_dashes_and_index_matches_all() {
         for (i, o) in Outcome::ALL.iter().enumerate() {
-            assert_eq!(
-                o.header().to_str().expect("ascii"),
-                o.label().replace('_', "-")
-            );
+            assert_eq!(o.header().to_str().expect("ascii"), o.label().replace('_', "-"));
             assert_eq!(o.index(), i);
         }
     }

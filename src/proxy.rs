@@ -25,9 +25,7 @@ pub struct Target {
 impl Target {
     /// Parses `http://host:port`. A path would be silently dropped, so it is refused.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let uri: Uri = text
-            .parse()
-            .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
+        let uri: Uri = text.parse().map_err(|e| format!("invalid URL {text:?}: {e}"))?;
         let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
             return Err(format!(
                 "{text:?} must be an absolute URL like \"http://127.0.0.1:5000\""
@@ -64,6 +62,8 @@ pub enum UpstreamError {
     Timeout(Duration),
     #[error("invalid upstream request: {0}")]
     Request(#[from] http::Error),
+    #[error("upstream response body broke: {0}")]
+    Body(#[source] hyper::Error),
 }
 
 /// The pooled client every route shares.
@@ -92,11 +92,7 @@ impl Upstream {
     }
 
     /// Sends a request and waits at most `timeout` for the response head.
-    pub async fn send(
-        &self,
-        request: Request<Body>,
-        timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(&self, request: Request<Body>, timeout: Duration) -> Result<Response<Incoming>, UpstreamError> {
         match tokio::time::timeout(timeout, self.client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Connect(e)),
@@ -195,11 +191,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
-    let ip = addr.ip().to_string();
-    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.is_empty() => format!("{prior}, {ip}"),
-        _ => ip,
-    };
+    use std::fmt::Write as _;
+    let prior = headers
+        .get(&X_FORWARDED_FOR)
+        .and_then(|v| v.to_str().ok())
+        .filter(|p| !p.is_empty());
+    // One allocation: the longest IPv6 text is 39 bytes.
+    let mut value = String::with_capacity(prior.map_or(0, |p| p.len() + 2) + 39);
+    if let Some(prior) = prior {
+        value.push_str(prior);
+        value.push_str(", ");
+    }
+    let _ = write!(value, "{}", addr.ip());
     if let Ok(value) = HeaderValue::try_from(value) {
         // Several X-Forwarded-For lines are one list: replace them all with the joined one.
         headers.insert(&X_FORWARDED_FOR, value);
@@ -239,8 +242,7 @@ mod tests {
             .body(())
             .expect("request");
         let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out =
-            upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
         assert_eq!(out.uri(), "http://127.0.0.1:5000/api/v1/webhook?a=1");
         let h = out.headers();
         for gone in ["connection", "x-secret-hop", "keep-alive", "te"] {
@@ -260,8 +262,7 @@ mod tests {
             .body(())
             .expect("request");
         let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out =
-            upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
         assert_eq!(out.version(), Version::HTTP_11);
         assert_eq!(out.headers()["host"], "gw.example:8080");
         assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");

@@ -37,9 +37,7 @@ impl Routes {
                 PathPattern::Exact(path) => {
                     routes.exact.insert(path.clone(), Arc::clone(&route));
                 }
-                PathPattern::Prefix(prefix) => {
-                    routes.prefixes.push((prefix.clone(), Arc::clone(&route)))
-                }
+                PathPattern::Prefix(prefix) => routes.prefixes.push((prefix.clone(), Arc::clone(&route))),
             }
             routes.all.push(route);
         }

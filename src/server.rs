@@ -7,11 +7,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::config::ServerConfig;
@@ -45,35 +47,33 @@ impl Listeners {
 const RELEASE_BUDGET: Duration = Duration::from_secs(2);
 
 /// Serves until `shutdown` resolves, then drains and returns.
-pub async fn run(
-    gw: Arc<Gateway>,
-    server: ServerConfig,
-    listeners: Listeners,
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, shutdown: impl Future<Output = ()>) {
     gw.check_store().await;
     gw.spawn_store_checks();
     if let Some(admin) = listeners.admin {
         admin::spawn(Arc::clone(&gw), admin);
     }
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(server.header_timeout);
-    builder.http2().timer(TokioTimer::new());
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new()).header_read_timeout(server.header_timeout);
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new());
+    let protocols = Arc::new(Protocols {
+        h1,
+        h2,
+        header_timeout: server.header_timeout,
+    });
     let graceful = GracefulShutdown::new();
     let listener = listeners.proxy;
 
     tokio::select! {
-        () = accept_loop(&gw, &builder, &graceful, &listener) => {}
+        () = accept_loop(&gw, &protocols, &graceful, &listener) => {}
         () = shutdown => {}
     }
     gw.start_draining();
     if !server.shutdown_delay.is_zero() {
         tracing::info!(delay = ?server.shutdown_delay, "not ready; still accepting during shutdown_delay");
         tokio::select! {
-            () = accept_loop(&gw, &builder, &graceful, &listener) => {}
+            () = accept_loop(&gw, &protocols, &graceful, &listener) => {}
             () = tokio::time::sleep(server.shutdown_delay) => {}
         }
     }
@@ -81,16 +81,26 @@ pub async fn run(
     drain(&gw, graceful, server.shutdown_grace).await;
 }
 
+/// How connections are served, shared by every connection task.
+struct Protocols {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    header_timeout: Duration,
+}
+
 /// Accepts connections forever.
 async fn accept_loop(
     gw: &Arc<Gateway>,
-    builder: &auto::Builder<TokioExecutor>,
+    protocols: &Arc<Protocols>,
     graceful: &GracefulShutdown,
     listener: &TcpListener,
 ) {
     loop {
         match listener.accept().await {
-            Ok((stream, addr)) => serve(gw, builder, graceful, stream, addr),
+            Ok((stream, addr)) => {
+                let task = serve(Arc::clone(gw), Arc::clone(protocols), graceful.watcher(), stream, addr);
+                tokio::spawn(task);
+            }
             Err(e) => {
                 // Typically EMFILE: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -100,24 +110,46 @@ async fn accept_loop(
     }
 }
 
-fn serve(
-    gw: &Arc<Gateway>,
-    builder: &auto::Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
-    stream: tokio::net::TcpStream,
-    addr: SocketAddr,
-) {
+/// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
+async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, watcher: Watcher, mut stream: TcpStream, addr: SocketAddr) {
     let _ = stream.set_nodelay(true);
+    let Ok(Some((prefix, is_h2))) = tokio::time::timeout(protocols.header_timeout, sniff(&mut stream)).await else {
+        return; // silent, closed, or too slow to say which protocol: cut off
+    };
     let peer = Peer { addr };
-    let gw = Arc::clone(gw);
     let service = service_fn(move |req| handler::handle(Arc::clone(&gw), peer, req));
-    let conn = builder.serve_connection(TokioIo::new(FramingGuard::new(stream)), service);
-    let conn = graceful.watch(conn.into_owned());
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(client = %addr, error = %e, "connection ended with an error");
+    let io = TokioIo::new(FramingGuard::new(stream, prefix, !is_h2));
+    let result = if is_h2 {
+        watcher.watch(protocols.h2.serve_connection(io, service)).await
+    } else {
+        watcher.watch(protocols.h1.serve_connection(io, service)).await
+    };
+    if let Err(e) = result {
+        tracing::debug!(client = %addr, error = %e, "connection ended with an error");
+    }
+}
+
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes tell HTTP/2 prior knowledge from HTTP/1 (usually the
+/// second byte). Returns what was read and whether it is HTTP/2; `None` if the peer
+/// closed first. The caller bounds it by `header_timeout`, which therefore also cuts
+/// connections that never send a byte.
+async fn sniff(stream: &mut TcpStream) -> Option<(Bytes, bool)> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut n = 0;
+    loop {
+        match stream.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => return None,
+            Ok(read) => n += read,
         }
-    });
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some((Bytes::copy_from_slice(&buf[..n]), false));
+        }
+        if n == H2_PREFACE.len() {
+            return Some((Bytes::copy_from_slice(&buf), true));
+        }
+    }
 }
 
 /// Lets connections and owner tasks finish within `grace`; then owners still running
@@ -140,10 +172,7 @@ async fn drain(gw: &Gateway, graceful: GracefulShutdown, grace: Duration) {
         "shutdown grace over: abandoning in-flight requests"
     );
     gw.abandon.cancel();
-    if tokio::time::timeout(RELEASE_BUDGET, gw.tasks.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(RELEASE_BUDGET, gw.tasks.wait()).await.is_err() {
         tracing::warn!("some claims could not be released; they expire after processing_ttl");
     }
 }

@@ -53,13 +53,8 @@ pub struct StoreConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
-    Memory {
-        max_entries: usize,
-    },
-    Redis {
-        target: RedisTarget,
-        pool_size: usize,
-    },
+    Memory { max_entries: usize },
+    Redis { target: RedisTarget, pool_size: usize },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,11 +114,7 @@ impl Config {
         root.finish(&mut problems);
         let routes = route::build_routes(sections, &defaults, store.as_ref(), &mut problems);
         match (server, store) {
-            (Some(server), Some(store)) if problems.is_empty() => Ok(Config {
-                server,
-                store,
-                routes,
-            }),
+            (Some(server), Some(store)) if problems.is_empty() => Ok(Config { server, store, routes }),
             _ => Err(ConfigError::Invalid {
                 path: String::new(),
                 problems: problems.into_vec(),
@@ -136,14 +127,8 @@ impl ConfigError {
     fn at(self, file: &Path) -> Self {
         let file = file.display().to_string();
         match self {
-            ConfigError::Syntax { message, .. } => ConfigError::Syntax {
-                path: file,
-                message,
-            },
-            ConfigError::Invalid { problems, .. } => ConfigError::Invalid {
-                path: file,
-                problems,
-            },
+            ConfigError::Syntax { message, .. } => ConfigError::Syntax { path: file, message },
+            ConfigError::Invalid { problems, .. } => ConfigError::Invalid { path: file, problems },
             other => other,
         }
     }
@@ -161,9 +146,7 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
         header_timeout: s
             .duration("header_timeout", problems)
             .unwrap_or(Duration::from_secs(10)),
-        shutdown_delay: s
-            .duration("shutdown_delay", problems)
-            .unwrap_or(Duration::ZERO),
+        shutdown_delay: s.duration("shutdown_delay", problems).unwrap_or(Duration::ZERO),
         shutdown_grace: s
             .duration("shutdown_grace", problems)
             .unwrap_or(Duration::from_secs(30)),
@@ -197,24 +180,14 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
     let url = s.string("url", problems);
     let cluster = s.strings("cluster", problems);
     let pool_size = s.integer("pool_size", 4096, problems);
-    let timeout = s
-        .duration("timeout", problems)
-        .unwrap_or(Duration::from_millis(250));
-    let key_prefix = s
-        .string("key_prefix", problems)
-        .unwrap_or("dedup:")
-        .to_owned();
-    let on_error = s
-        .choice("on_error", problems)
-        .unwrap_or(OnStoreError::Reject);
+    let timeout = s.duration("timeout", problems).unwrap_or(Duration::from_millis(250));
+    let key_prefix = s.string("key_prefix", problems).unwrap_or("dedup:").to_owned();
+    let on_error = s.choice("on_error", problems).unwrap_or(OnStoreError::Reject);
     if timeout.is_zero() {
         problems.push(s.path_of("timeout"), "must be greater than 0");
     }
     let only_for = |key: &'static str, backend: &str, problems: &mut Problems| {
-        problems.push(
-            s.path_of(key),
-            format!("only applies to backend = {backend:?}"),
-        )
+        problems.push(s.path_of(key), format!("only applies to backend = {backend:?}"))
     };
     let backend = match backend_name {
         "memory" => {
@@ -242,9 +215,7 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                 only_for("max_entries", "memory", problems);
             }
             let target = match (url, cluster) {
-                (Some(url), None) => {
-                    redis_url(&s.path_of("url"), url, problems).map(RedisTarget::Standalone)
-                }
+                (Some(url), None) => redis_url(&s.path_of("url"), url, problems).map(RedisTarget::Standalone),
                 (None, Some(seeds)) if !seeds.is_empty() => seeds
                     .into_iter()
                     .map(|(path, url)| redis_url(&path, url, problems))
@@ -289,10 +260,7 @@ fn redis_url(path: &str, url: &str, problems: &mut Problems) -> Option<String> {
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         Some(url.to_owned())
     } else {
-        problems.push(
-            path,
-            format!("{url:?} must start with redis:// or rediss://"),
-        );
+        problems.push(path, format!("{url:?} must start with redis:// or rediss://"));
         None
     }
 }

@@ -23,6 +23,9 @@ impl Problems {
     }
 }
 
+/// The longest duration any setting takes.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// A closed set of names a key may take, mapped to an enum.
 pub trait Choice: Sized + Copy + 'static {
     const NAMES: &'static [(&'static str, Self)];
@@ -112,14 +115,15 @@ impl<'a> Section<'a> {
         })
     }
 
+    /// A duration of at most [`MAX_DURATION`] (so deadlines never overflow).
     pub fn duration(&mut self, key: &'static str, problems: &mut Problems) -> Option<Duration> {
         self.typed(key, "a duration string like \"30s\"", problems, |v| {
-            v.as_str().map(|s| {
-                humantime::parse_duration(s).map_err(|e| {
-                    format!(
-                        "invalid duration {s:?}: {e} (expected e.g. \"250ms\", \"30s\", \"24h\")"
-                    )
-                })
+            v.as_str().map(|s| match humantime::parse_duration(s) {
+                Ok(d) if d <= MAX_DURATION => Ok(d),
+                Ok(_) => Err(format!("{s:?} is longer than the maximum of 366 days")),
+                Err(e) => Err(format!(
+                    "invalid duration {s:?}: {e} (expected e.g. \"250ms\", \"30s\", \"24h\")"
+                )),
             })
         })
     }
@@ -140,45 +144,29 @@ impl<'a> Section<'a> {
                     .iter()
                     .find(|(name, _)| *name == s)
                     .map(|(_, value)| *value)
-                    .ok_or_else(|| {
-                        format!("unknown value {s:?} (expected {})", quoted_names(T::NAMES))
-                    })
+                    .ok_or_else(|| format!("unknown value {s:?} (expected {})", quoted_names(T::NAMES)))
             })
         })
     }
 
     /// A list of strings; a single string is taken as a list of one.
-    pub fn strings(
-        &mut self,
-        key: &'static str,
-        problems: &mut Problems,
-    ) -> Option<Vec<(String, &'a str)>> {
+    pub fn strings(&mut self, key: &'static str, problems: &mut Problems) -> Option<Vec<(String, &'a str)>> {
         let path = self.path_of(key);
-        self.typed(
-            key,
-            "a string or a list of strings",
-            problems,
-            |v| match v {
-                Value::String(s) => Some(Ok(vec![(path.clone(), s.as_str())])),
-                Value::Array(items) => Some(
-                    items
-                        .iter()
-                        .enumerate()
-                        .map(|(i, item)| {
-                            item.as_str()
-                                .map(|s| (format!("{path}[{i}]"), s))
-                                .ok_or_else(|| {
-                                    format!(
-                                        "item {i}: expected a string, found {}",
-                                        item.type_str()
-                                    )
-                                })
-                        })
-                        .collect(),
-                ),
-                _ => None,
-            },
-        )
+        self.typed(key, "a string or a list of strings", problems, |v| match v {
+            Value::String(s) => Some(Ok(vec![(path.clone(), s.as_str())])),
+            Value::Array(items) => Some(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| {
+                        item.as_str()
+                            .map(|s| (format!("{path}[{i}]"), s))
+                            .ok_or_else(|| format!("item {i}: expected a string, found {}", item.type_str()))
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
     }
 
     pub fn section(&mut self, key: &'static str, problems: &mut Problems) -> Option<Section<'a>> {
@@ -198,10 +186,7 @@ impl<'a> Section<'a> {
                     match item.as_table() {
                         Some(t) => sections.push(Section::new(format!("{path}[{i}]"), t)),
                         None => {
-                            return Err(format!(
-                                "item {i}: expected a table, found {}",
-                                item.type_str()
-                            ));
+                            return Err(format!("item {i}: expected a table, found {}", item.type_str()));
                         }
                     }
                 }
@@ -280,8 +265,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             ));
         }
     };
-    n.checked_mul(factor)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(factor).ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 #[cfg(test)]

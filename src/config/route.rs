@@ -100,31 +100,24 @@ pub(super) struct Settings {
 
 /// Keys SPEC.md defines that this build does not implement yet: refused by name rather
 /// than reported as unknown, so the message says what is missing.
-const NOT_YET: [&str; 6] = [
-    "preset",
-    "secret",
-    "secret_env",
-    "aes_key",
-    "aes_key_env",
-    "app_id",
-];
+const NOT_YET: [&str; 6] = ["preset", "secret", "secret_env", "aes_key", "aes_key_env", "app_id"];
 
 impl Settings {
     /// Reads every shared setting of a table and, for a route, leaves name/path/upstream
     /// to the caller; `finish` is the caller's too (it may read more keys).
     fn read(s: &mut Section, problems: &mut Problems) -> Self {
-        let duplicate_status = s.integer("duplicate_status", 999, problems).and_then(|n| {
-            match StatusCode::from_u16(n as u16) {
-                Ok(code) if (200..=599).contains(&n) => Some(code),
-                _ => {
-                    problems.push(
-                        s.path_of("duplicate_status"),
-                        format!("{n} is not a final HTTP status (200..=599)"),
-                    );
-                    None
-                }
-            }
-        });
+        let duplicate_status =
+            s.integer("duplicate_status", 999, problems)
+                .and_then(|n| match StatusCode::from_u16(n as u16) {
+                    Ok(code) if (200..=599).contains(&n) => Some(code),
+                    _ => {
+                        problems.push(
+                            s.path_of("duplicate_status"),
+                            format!("{n} is not a final HTTP status (200..=599)"),
+                        );
+                        None
+                    }
+                });
         let duplicate_content_type = s.string("duplicate_content_type", problems).and_then(|ct| {
             HeaderValue::from_str(ct).ok().or_else(|| {
                 problems.push(
@@ -185,13 +178,17 @@ fn key_spec(s: &mut Section, problems: &mut Problems) -> Option<KeySpec> {
         return None;
     }
     let mut alternatives = Vec::with_capacity(entries.len());
+    let mut all_valid = true;
     for (path, text) in entries {
         match Alternative::parse(text) {
             Ok(alt) => alternatives.push(alt),
-            Err(why) => problems.push(path, why),
+            Err(why) => {
+                problems.push(path, why);
+                all_valid = false;
+            }
         }
     }
-    (alternatives.len() == alternatives.capacity()).then(|| KeySpec::new(alternatives))
+    all_valid.then(|| KeySpec::new(alternatives))
 }
 
 /// Builds every route, checking names and paths are unique and TTLs are consistent.
@@ -216,8 +213,7 @@ pub(super) fn build_routes(
                 problems.push(s.path_of(key), "required");
             }
         }
-        let name =
-            name.and_then(|n| checked(&s, "name", valid_name(n).map(|()| n.to_owned()), problems));
+        let name = name.and_then(|n| checked(&s, "name", valid_name(n).map(|()| n.to_owned()), problems));
         if let Some(n) = &name
             && routes.iter().any(|r| &r.name == n)
         {
@@ -227,10 +223,7 @@ pub(super) fn build_routes(
         if let Some(p) = &path
             && routes.iter().any(|r| &r.path == p)
         {
-            problems.push(
-                s.path_of("path"),
-                format!("path {p} is used by another route"),
-            );
+            problems.push(s.path_of("path"), format!("path {p} is used by another route"));
         }
         let upstream = upstream.and_then(|u| checked(&s, "upstream", Target::parse(u), problems));
         let key = own.key.clone().or_else(|| defaults.key.clone());
@@ -304,15 +297,8 @@ fn check_ttls(s: &Section, r: &RoutePolicy, store_timeout: Duration, problems: &
     }
 }
 
-fn checked<T>(
-    s: &Section,
-    key: &str,
-    parsed: Result<T, String>,
-    problems: &mut Problems,
-) -> Option<T> {
-    parsed
-        .map_err(|why| problems.push(s.path_of(key), why))
-        .ok()
+fn checked<T>(s: &Section, key: &str, parsed: Result<T, String>, problems: &mut Problems) -> Option<T> {
+    parsed.map_err(|why| problems.push(s.path_of(key), why)).ok()
 }
 
 /// Route names appear in keys, metric labels and logs: keep them plain.
@@ -325,8 +311,6 @@ fn valid_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?}: use 1-64 letters, digits, '_', '-' or '.'"
-        ))
+        Err(format!("{name:?}: use 1-64 letters, digits, '_', '-' or '.'"))
     }
 }

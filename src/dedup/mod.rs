@@ -42,7 +42,7 @@ pub struct Answer {
 pub async fn process(
     gw: &Arc<Gateway>,
     route: &Arc<Route>,
-    key: String,
+    key: Arc<str>,
     req: Request,
 ) -> Result<Answer, GatewayError> {
     let policy = &route.config.policy;
@@ -67,7 +67,7 @@ pub async fn process(
                 Marker::Completed { .. } => Outcome::ShadowDuplicate,
                 Marker::Processing { .. } => Outcome::ShadowInFlight,
             };
-            return forward_unowned(gw, route, req, outcome).await;
+            return forward_unowned(gw, route, req.head, Body::full(req.body), req.peer, outcome).await;
         }
         let holder = match marker {
             Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
@@ -88,45 +88,37 @@ pub async fn process(
     }
 }
 
-/// Claims `key`, retrying once when the first reply is lost or fails: the claim may
-/// have landed, and the retry (same token) shows it as ours, so an ambiguous reply
+/// Claims `key`, once more when the first reply is lost: the claim may have landed,
+/// and the retry (same token) then shows the marker as ours, so an ambiguous reply
 /// never turns into a "duplicate" for a message nobody forwarded.
-async fn claim(
-    gw: &Gateway,
-    key: &str,
-    token: Token,
-    first_seen_ms: u64,
-    ttl: Duration,
-) -> Result<Claim, StoreError> {
-    let call = || {
-        timed(
-            gw,
-            StoreOp::Claim,
-            gw.store.claim(key, token, first_seen_ms, ttl),
-        )
-    };
+async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
+    let call = || timed(gw, StoreOp::Claim, gw.store.claim(key, token, first_seen_ms, ttl));
     let result = match call().await {
-        Err(_) => call().await,
-        ok => ok,
+        Err(e) if e.is_ambiguous() => call().await,
+        other => other,
     };
     match result? {
-        Claim::Found(Marker::Processing { token: holder, .. }) if holder == token => {
-            Ok(Claim::Claimed)
-        }
+        Claim::Found(Marker::Processing { token: holder, .. }) if holder == token => Ok(Claim::Claimed),
         claim => Ok(claim),
     }
 }
 
-/// Measures and counts one store call.
+/// Runs one store call under `store.timeout`, measuring and counting it.
+///
+/// Backends bound their own calls (Redis must, to discard a connection whose reply is
+/// late); this outer bound, a little looser so the backend's fires first, holds the
+/// contract for any backend.
 async fn timed<T>(
     gw: &Gateway,
     op: StoreOp,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    const MARGIN: Duration = Duration::from_millis(50);
     let started = Instant::now();
-    let result = call.await;
-    gw.metrics
-        .store_call(op, started.elapsed(), result.is_err());
+    let result = tokio::time::timeout(gw.store_timeout + MARGIN, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout));
+    gw.metrics.store_call(op, started.elapsed(), result.is_err());
     result
 }
 
@@ -138,50 +130,45 @@ async fn store_failed(
     req: Request,
 ) -> Result<Answer, GatewayError> {
     let route_name = &route.config.name;
-    match gw.on_store_error {
-        OnStoreError::Reject => {
-            tracing::warn!(route = %route_name, key, %error, "store unavailable: answering 503");
-            Err(GatewayError::StoreUnavailable(error))
-        }
-        OnStoreError::Forward => {
-            tracing::warn!(route = %route_name, key, %error, "store unavailable: forwarding without dedup");
-            forward_unowned(gw, route, req, Outcome::StoreUnavailable).await
-        }
+    // Shadow mode forwards every request, whatever enforce mode would answer.
+    if gw.on_store_error == OnStoreError::Reject && route.config.policy.mode == Mode::Enforce {
+        tracing::warn!(route = %route_name, key, %error, "store unavailable: answering 503");
+        Err(GatewayError::StoreUnavailable(error))
+    } else {
+        tracing::warn!(route = %route_name, key, %error, "store unavailable: forwarding without dedup");
+        let (head, body) = (req.head, Body::full(req.body));
+        forward_unowned(gw, route, head, body, req.peer, Outcome::StoreUnavailable).await
     }
 }
 
-/// Forwards a request nobody claimed (no key, shadow mode, store down). Nothing to
-/// complete or release, so it runs in the caller's task.
+/// Forwards a request nobody claimed (no key, shadow mode, store down, or a method
+/// that is not deduped). Nothing to complete or release, so it runs in the caller's task.
 pub async fn forward_unowned(
     gw: &Gateway,
     route: &Route,
-    req: Request,
+    head: http::request::Parts,
+    body: Body,
+    peer: Peer,
     outcome: Outcome,
 ) -> Result<Answer, GatewayError> {
-    let request = proxy::upstream_request(
-        req.head,
-        Body::full(req.body),
-        &route.config.upstream,
-        req.peer,
-    )
-    .map_err(|e| GatewayError::Internal(e.to_string()))?;
-    let response = send(gw, route, request)
-        .await
-        .map_err(|error| GatewayError::Upstream { error, outcome })?;
-    Ok(answer(outcome, proxy::downstream_response(response)))
+    match send(gw, route, head, body, peer).await {
+        Ok(response) => Ok(answer(outcome, proxy::downstream_response(response))),
+        Err(error) => Err(GatewayError::Upstream { error, outcome }),
+    }
 }
 
-/// Sends to the route's upstream, counting the result class and latency.
+/// Rewrites a request for the route's upstream and sends it, counting the result
+/// class and latency.
 pub async fn send(
     gw: &Gateway,
     route: &Route,
-    request: http::Request<Body>,
+    head: http::request::Parts,
+    body: Body,
+    peer: Peer,
 ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
+    let request = proxy::upstream_request(head, body, &route.config.upstream, peer)?;
     let started = Instant::now();
-    let result = gw
-        .upstream
-        .send(request, route.config.policy.upstream_timeout)
-        .await;
+    let result = gw.upstream.send(request, route.config.policy.upstream_timeout).await;
     let class = match &result {
         Ok(response) => UpstreamClass::of_status(response.status()),
         Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,
@@ -203,9 +190,7 @@ fn duplicate(route: &Route, stored: Option<&StoredResponse>) -> Answer {
             let mut response = Response::new(Body::full(stored.body.clone()));
             *response.status_mut() = stored.status;
             if let Some(ct) = &stored.content_type {
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_TYPE, ct.clone());
+                response.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
             }
             answer(Outcome::Replayed, response)
         }
@@ -225,11 +210,7 @@ pub fn duplicate_response(route: &Route) -> Response<Body> {
 }
 
 /// A 2xx response worth storing for `replay`, or `None` if it cannot be replayed.
-fn storable(
-    status: StatusCode,
-    content_type: Option<&HeaderValue>,
-    body: &Bytes,
-) -> Option<StoredResponse> {
+fn storable(status: StatusCode, content_type: Option<&HeaderValue>, body: &Bytes) -> Option<StoredResponse> {
     (body.len() <= crate::store::MAX_STORED_BODY).then(|| StoredResponse {
         status,
         content_type: content_type.cloned(),

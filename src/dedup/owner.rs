@@ -4,10 +4,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::Response;
 use http::header;
+use hyper::body::Incoming;
+use tokio::time::Instant;
 
+use super::policy::OnUpstreamTimeout;
 use super::{Answer, Request, answer, send, storable, timed};
 use crate::body::{self, Body};
 use crate::error::GatewayError;
@@ -16,15 +18,13 @@ use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
 use crate::proxy::{self, UpstreamError};
 use crate::routing::Route;
-use crate::store::{Completion, MAX_STORED_BODY, Store, StoredResponse, Token};
-
-use super::policy::OnUpstreamTimeout;
+use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse, Token};
 
 /// Runs the owner task and waits for its answer.
 pub(super) async fn run(
     gw: &Arc<Gateway>,
     route: &Arc<Route>,
-    key: String,
+    key: Arc<str>,
     token: Token,
     first_seen_ms: u64,
     req: Request,
@@ -45,41 +45,29 @@ pub(super) async fn run(
 struct Owner {
     gw: Arc<Gateway>,
     route: Arc<Route>,
-    key: String,
+    key: Arc<str>,
     token: Token,
     first_seen_ms: u64,
 }
 
 impl Owner {
     async fn forward(self, req: Request) -> Result<Answer, GatewayError> {
-        let request = match proxy::upstream_request(
-            req.head,
-            Body::full(req.body),
-            &self.route.config.upstream,
-            req.peer,
-        ) {
-            Ok(request) => request,
-            Err(e) => {
-                self.release().await;
-                return Err(GatewayError::Internal(e.to_string()));
-            }
-        };
+        // A waiter promoted after the grace ended must not start a delivery it would
+        // abandon at once.
+        if self.gw.abandon.is_cancelled() {
+            return self.abandon().await;
+        }
+        let deadline = Instant::now() + self.route.config.policy.upstream_timeout;
         let result = tokio::select! {
-            result = send(&self.gw, &self.route, request) => result,
-            () = self.gw.abandon.cancelled() => {
-                tracing::warn!(route = %self.route.config.name, key = %self.key, "shutdown grace over: releasing the claim");
-                self.release().await;
-                return Err(GatewayError::Abandoned);
-            }
+            biased;
+            () = self.gw.abandon.cancelled() => return self.abandon().await,
+            result = send(&self.gw, &self.route, req.head, Body::full(req.body), req.peer) => result,
         };
         match result {
-            Ok(response) if response.status().is_success() => Ok(self.succeeded(response).await),
+            Ok(response) if response.status().is_success() => self.succeeded(response, deadline).await,
             Ok(response) => {
                 self.release().await;
-                Ok(answer(
-                    Outcome::Forwarded,
-                    proxy::downstream_response(response),
-                ))
+                Ok(answer(Outcome::Forwarded, proxy::downstream_response(response)))
             }
             Err(error) => {
                 let keep = matches!(error, UpstreamError::Timeout(_))
@@ -87,65 +75,62 @@ impl Owner {
                 if !keep {
                     self.release().await;
                 }
-                Err(GatewayError::Upstream {
-                    error,
-                    outcome: Outcome::Forwarded,
-                })
+                Err(forwarded(error))
             }
         }
+    }
+
+    async fn abandon(&self) -> Result<Answer, GatewayError> {
+        tracing::warn!(route = %self.route.config.name, key = %self.key, "shutdown grace over: releasing the claim");
+        self.release().await;
+        Err(GatewayError::Abandoned)
     }
 
     /// The upstream did the work: mark COMPLETED (with the response for `replay`), then
     /// hand the response back. If marking fails the sender still gets the answer; the
     /// PROCESSING marker expires after `processing_ttl`.
-    async fn succeeded(&self, response: Response<hyper::body::Incoming>) -> Answer {
+    async fn succeeded(&self, response: Response<Incoming>, deadline: Instant) -> Result<Answer, GatewayError> {
         let response = proxy::downstream_response(response);
         let (response, stored) = if self.route.config.policy.replay {
-            self.capture(response).await
+            match tokio::time::timeout_at(deadline, capture(response)).await {
+                Ok(Ok(captured)) => captured,
+                Ok(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
+                Err(_) => {
+                    let timeout = self.route.config.policy.upstream_timeout;
+                    return self
+                        .complete_then(Err(forwarded(UpstreamError::Timeout(timeout))))
+                        .await;
+                }
+            }
         } else {
             (response, None)
         };
+        self.complete(stored).await;
+        Ok(answer(Outcome::Forwarded, response))
+    }
+
+    /// A 2xx whose body then broke or stalled: the work is done, so complete (the
+    /// retry is answered as a duplicate, not delivered again), and report the failure.
+    async fn complete_then(&self, result: Result<Answer, GatewayError>) -> Result<Answer, GatewayError> {
+        self.complete(None).await;
+        result
+    }
+
+    async fn complete(&self, response: Option<StoredResponse>) {
         let completion = Completion {
             first_seen_ms: self.first_seen_ms,
             ttl: self.route.config.policy.completed_ttl,
-            response: stored,
+            response,
         };
         self.store_call(StoreOp::Complete, || {
-            self.gw
-                .store
-                .complete(&self.key, self.token, completion.clone())
+            self.gw.store.complete(&self.key, self.token, completion.clone())
         })
         .await;
-        answer(Outcome::Forwarded, response)
-    }
-
-    /// Reads up to [`MAX_STORED_BODY`] of a 2xx response to store it; a larger body is
-    /// passed through whole and not stored (duplicates then get the duplicate answer).
-    async fn capture(&self, response: Response<Body>) -> (Response<Body>, Option<StoredResponse>) {
-        let (head, body) = response.into_parts();
-        let Body::Incoming(incoming) = body else {
-            return (Response::from_parts(head, body), None);
-        };
-        match body::read_up_to(incoming, MAX_STORED_BODY).await {
-            Ok(Ok(bytes)) => {
-                let stored = storable(head.status, head.headers.get(header::CONTENT_TYPE), &bytes);
-                (Response::from_parts(head, Body::full(bytes)), stored)
-            }
-            Ok(Err(whole)) => (Response::from_parts(head, whole), None),
-            Err(e) => {
-                // The upstream answered 2xx and then broke its body: the work is done, so
-                // complete, and tell the sender what we have.
-                tracing::warn!(route = %self.route.config.name, key = %self.key, error = %e, "upstream body broke after 2xx");
-                (Response::from_parts(head, Body::full(Bytes::new())), None)
-            }
-        }
     }
 
     async fn release(&self) {
-        self.store_call(StoreOp::Release, || {
-            self.gw.store.release(&self.key, self.token)
-        })
-        .await;
+        self.store_call(StoreOp::Release, || self.gw.store.release(&self.key, self.token))
+            .await;
     }
 
     /// Runs a complete or release, once more if the first reply is lost (both are
@@ -154,15 +139,17 @@ impl Owner {
     async fn store_call<F, Fut>(&self, op: StoreOp, call: F)
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = Result<bool, crate::store::StoreError>>,
+        Fut: Future<Output = Result<bool, StoreError>>,
     {
-        let result = match timed(&self.gw, op, call()).await {
-            Err(_) => timed(&self.gw, op, call()).await,
-            ok => ok,
-        };
         let (route, key) = (&self.route.config.name, &self.key);
+        let (result, repeated) = match timed(&self.gw, op, call()).await {
+            Err(e) if e.is_ambiguous() => (timed(&self.gw, op, call()).await, true),
+            other => (other, false),
+        };
         match result {
             Ok(true) => {}
+            // The first attempt landed; its reply was what got lost.
+            Ok(false) if repeated => tracing::debug!(%route, %key, ?op, "store call landed before its reply was lost"),
             Ok(false) => tracing::warn!(
                 %route, %key, ?op,
                 "marker no longer held by this request (expired: processing_ttl shorter than the upstream took?)"
@@ -173,4 +160,27 @@ impl Owner {
             ),
         }
     }
+}
+
+fn forwarded(error: UpstreamError) -> GatewayError {
+    GatewayError::Upstream {
+        error,
+        outcome: Outcome::Forwarded,
+    }
+}
+
+/// Reads up to [`MAX_STORED_BODY`] of a 2xx response to store it; a larger body is
+/// passed through whole and not stored (duplicates then get the duplicate answer).
+async fn capture(response: Response<Body>) -> Result<(Response<Body>, Option<StoredResponse>), hyper::Error> {
+    let (head, body) = response.into_parts();
+    let Body::Incoming(incoming) = body else {
+        return Ok((Response::from_parts(head, body), None));
+    };
+    Ok(match body::read_up_to(incoming, MAX_STORED_BODY).await? {
+        Ok(bytes) => {
+            let stored = storable(head.status, head.headers.get(header::CONTENT_TYPE), &bytes);
+            (Response::from_parts(head, Body::full(bytes)), stored)
+        }
+        Err(whole) => (Response::from_parts(head, whole), None),
+    })
 }

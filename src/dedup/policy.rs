@@ -48,32 +48,23 @@ pub enum OnStoreError {
 }
 
 impl Choice for InFlight {
-    const NAMES: &'static [(&'static str, Self)] = &[
-        ("wait", Self::Wait),
-        ("conflict", Self::Conflict),
-        ("ack", Self::Ack),
-    ];
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("wait", Self::Wait), ("conflict", Self::Conflict), ("ack", Self::Ack)];
 }
 
 impl Choice for OnUpstreamTimeout {
-    const NAMES: &'static [(&'static str, Self)] =
-        &[("release", Self::Release), ("keep", Self::Keep)];
+    const NAMES: &'static [(&'static str, Self)] = &[("release", Self::Release), ("keep", Self::Keep)];
 }
 
 impl Choice for Mode {
-    const NAMES: &'static [(&'static str, Self)] =
-        &[("enforce", Self::Enforce), ("shadow", Self::Shadow)];
+    const NAMES: &'static [(&'static str, Self)] = &[("enforce", Self::Enforce), ("shadow", Self::Shadow)];
 }
 
 impl Choice for OnMissingKey {
-    const NAMES: &'static [(&'static str, Self)] = &[
-        ("forward", Self::Forward),
-        ("reject", Self::Reject),
-        ("ack", Self::Ack),
-    ];
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("forward", Self::Forward), ("reject", Self::Reject), ("ack", Self::Ack)];
 }
 
 impl Choice for OnStoreError {
-    const NAMES: &'static [(&'static str, Self)] =
-        &[("reject", Self::Reject), ("forward", Self::Forward)];
+    const NAMES: &'static [(&'static str, Self)] = &[("reject", Self::Reject), ("forward", Self::Forward)];
 }

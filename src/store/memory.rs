@@ -1,9 +1,11 @@
 //! The embedded store: one process, bounded by `max_entries`, TTLs on a monotonic
 //! clock, and never an eviction of a PROCESSING entry. Forgets everything on restart.
 //!
-//! When full, the oldest COMPLETED entry (by completion time) makes room: the newest
-//! ids are the ones retries need. One mutex guards the map; every critical section is
-//! a hash lookup and a few pointer moves, far shorter than a network round trip.
+//! When full, an expired entry makes room if there is one, else the oldest COMPLETED
+//! entry (by completion time): the newest ids are the ones retries need. Entries are
+//! queued per state and TTL, so each queue is in expiry order and both questions are
+//! answered from the queues' fronts, never by scanning the map. One mutex guards it
+//! all; critical sections are a hash lookup plus amortised-constant queue work.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,17 +22,19 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    map: HashMap<Arc<str>, Entry>,
-    /// COMPLETED keys in completion order, for eviction and expiry sweeps. Items whose
-    /// `seq` no longer matches the map entry are stale and skipped.
-    completed: VecDeque<(Arc<str>, u64)>,
+    map: Map,
+    processing: Queues,
+    completed: Queues,
     next_seq: u64,
 }
+
+type Map = HashMap<Arc<str>, Entry>;
 
 struct Entry {
     state: State,
     expires: Instant,
     first_seen_ms: u64,
+    /// Changes whenever the entry changes state: queue items with another `seq` are stale.
     seq: u64,
 }
 
@@ -64,7 +68,71 @@ impl Entry {
     }
 }
 
-/// Expired COMPLETED entries removed per claim: keeps memory tidy without a sweeper task.
+/// Keys in the order they entered one state, one FIFO per TTL (a route setting, so
+/// there are few): within a FIFO, insertion order is expiry order.
+#[derive(Default)]
+struct Queues(Vec<(Duration, Fifo)>);
+
+/// Keys with the `seq` they had when queued.
+type Fifo = VecDeque<(Arc<str>, u64)>;
+
+impl Queues {
+    fn push(&mut self, ttl: Duration, key: Arc<str>, seq: u64) {
+        match self.0.iter_mut().find(|(t, _)| *t == ttl) {
+            Some((_, q)) => q.push_back((key, seq)),
+            None => self.0.push((ttl, VecDeque::from([(key, seq)]))),
+        }
+    }
+
+    /// The current front of queue `i` (its `seq` and expiry), after dropping stale items.
+    fn front(&mut self, i: usize, map: &Map) -> Option<(u64, Instant)> {
+        let queue = &mut self.0[i].1;
+        while let Some((key, seq)) = queue.front() {
+            match map.get(key) {
+                Some(e) if e.seq == *seq => return Some((*seq, e.expires)),
+                _ => drop(queue.pop_front()),
+            }
+        }
+        None
+    }
+
+    fn remove_front(&mut self, i: usize, map: &mut Map) {
+        if let Some((key, _)) = self.0[i].1.pop_front() {
+            map.remove(&key);
+        }
+    }
+
+    /// Removes one expired entry of this state, if any queue starts with one.
+    fn remove_expired(&mut self, map: &mut Map, now: Instant) -> bool {
+        for i in 0..self.0.len() {
+            if self.front(i, map).is_some_and(|(_, expires)| expires <= now) {
+                self.remove_front(i, map);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes the entry that entered this state first.
+    fn remove_oldest(&mut self, map: &mut Map) -> bool {
+        let oldest = (0..self.0.len()).filter_map(|i| Some((self.front(i, map)?.0, i))).min();
+        oldest.is_some_and(|(_, i)| {
+            self.remove_front(i, map);
+            true
+        })
+    }
+
+    /// Drops every stale item once stale items pile up behind a long-lived front.
+    fn compact(&mut self, map: &Map, limit: usize) {
+        if self.0.iter().map(|(_, q)| q.len()).sum::<usize>() > limit {
+            for (_, queue) in &mut self.0 {
+                queue.retain(|(key, seq)| map.get(key).is_some_and(|e| e.seq == *seq));
+            }
+        }
+    }
+}
+
+/// Expired entries removed per claim: keeps memory tidy without a sweeper task.
 const SWEEP_PER_CLAIM: usize = 2;
 
 impl MemoryStore {
@@ -72,7 +140,8 @@ impl MemoryStore {
         MemoryStore {
             inner: Mutex::new(Inner {
                 map: HashMap::new(),
-                completed: VecDeque::new(),
+                processing: Queues::default(),
+                completed: Queues::default(),
                 next_seq: 0,
             }),
             max_entries: max_entries.max(1),
@@ -82,9 +151,7 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the map half-updated in a way
         // that matters more than losing the whole store, so keep serving.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -93,34 +160,21 @@ impl Inner {
         self.map.get(key).filter(|e| e.expires > now)
     }
 
-    /// Removes expired entries from the front of the completion queue.
+    /// Removes up to `budget` expired entries.
     fn sweep(&mut self, now: Instant, budget: usize) {
         for _ in 0..budget {
-            let Some((key, seq)) = self.completed.front() else {
+            if !self.processing.remove_expired(&mut self.map, now) && !self.completed.remove_expired(&mut self.map, now)
+            {
                 return;
-            };
-            match self.map.get(key) {
-                Some(e) if e.seq == *seq && e.expires > now => return,
-                Some(e) if e.seq == *seq => {
-                    self.map.remove(key);
-                }
-                _ => {}
             }
-            self.completed.pop_front();
         }
     }
 
-    /// Frees one slot: the oldest COMPLETED entry, else any expired entry.
+    /// Frees one slot: an expired entry if there is one, else the oldest COMPLETED.
     fn make_room(&mut self, now: Instant) -> bool {
-        while let Some((key, seq)) = self.completed.pop_front() {
-            if self.map.get(&key).is_some_and(|e| e.seq == seq) {
-                self.map.remove(&key);
-                return true;
-            }
-        }
-        let before = self.map.len();
-        self.map.retain(|_, e| e.expires > now);
-        self.map.len() < before
+        self.processing.remove_expired(&mut self.map, now)
+            || self.completed.remove_expired(&mut self.map, now)
+            || self.completed.remove_oldest(&mut self.map)
     }
 
     fn seq(&mut self) -> u64 {
@@ -130,80 +184,71 @@ impl Inner {
 }
 
 impl Store for MemoryStore {
-    async fn claim(
-        &self,
-        key: &str,
-        token: Token,
-        first_seen_ms: u64,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
         let now = Instant::now();
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         inner.sweep(now, SWEEP_PER_CLAIM);
         if let Some(entry) = inner.live(key, now) {
             return Ok(Claim::Found(entry.marker()));
         }
         let seq = inner.seq();
         let entry = Entry {
-            state: State::Processing {
-                token,
-                waiters: None,
-            },
+            state: State::Processing { token, waiters: None },
             expires: now + ttl,
             first_seen_ms,
             seq,
         };
-        if let Some(slot) = inner.map.get_mut(key) {
-            // An expired entry: reuse its slot and key allocation. Anyone still waiting
-            // on it must look again.
-            let old = std::mem::replace(slot, entry);
-            wake(old.state);
-            return Ok(Claim::Claimed);
-        }
-        if inner.map.len() >= self.max_entries && !inner.make_room(now) {
-            return Err(StoreError::Full(inner.map.len()));
-        }
-        inner.map.insert(Arc::from(key), entry);
+        // An expired entry keeps its slot (and key allocation); anyone still waiting on
+        // it must look again.
+        let expired = inner.map.get_key_value(key).map(|(k, _)| Arc::clone(k));
+        let key = match expired {
+            Some(key) => {
+                if let Some(old) = inner.map.insert(Arc::clone(&key), entry) {
+                    wake(old.state);
+                }
+                key
+            }
+            None => {
+                if inner.map.len() >= self.max_entries && !inner.make_room(now) {
+                    return Err(StoreError::Full(inner.map.len()));
+                }
+                let key: Arc<str> = Arc::from(key);
+                inner.map.insert(Arc::clone(&key), entry);
+                key
+            }
+        };
+        inner.processing.push(ttl, key, seq);
+        inner.processing.compact(&inner.map, 2 * self.max_entries);
         Ok(Claim::Claimed)
     }
 
-    async fn complete(
-        &self,
-        key: &str,
-        token: Token,
-        completion: Completion,
-    ) -> Result<bool, StoreError> {
+    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
         let now = Instant::now();
-        let mut inner = self.lock();
-        let seq = inner.seq();
-        let Some((key, entry)) = inner
-            .map
-            .get_key_value(key)
-            .filter(|(_, e)| e.held_by(token, now))
-        else {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some((key, entry)) = inner.map.get_key_value(key).filter(|(_, e)| e.held_by(token, now)) else {
             return Ok(false);
         };
-        let key = Arc::clone(key);
+        let (key, first_seen_ms) = (Arc::clone(key), entry.first_seen_ms);
+        let seq = inner.seq();
         let entry = Entry {
             state: State::Completed {
                 response: completion.response.map(Arc::new),
             },
             expires: now + completion.ttl,
-            first_seen_ms: entry.first_seen_ms,
+            first_seen_ms,
             seq,
         };
         let old = inner.map.insert(Arc::clone(&key), entry);
-        inner.completed.push_back((key, seq));
-        if inner.completed.len() > 2 * self.max_entries {
-            compact(&mut inner);
-        }
-        drop(inner);
+        inner.completed.push(completion.ttl, key, seq);
+        inner.completed.compact(&inner.map, 2 * self.max_entries);
+        drop(guard);
         if let Some(old) = old {
             wake(old.state);
         }
         Ok(true)
     }
-
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -250,18 +295,9 @@ impl Store for MemoryStore {
 }
 
 fn wake(state: State) {
-    if let State::Processing {
-        waiters: Some(n), ..
-    } = state
-    {
+    if let State::Processing { waiters: Some(n), .. } = state {
         n.notify_waiters();
     }
-}
-
-/// Drops stale items from the completion queue (keys completed again or removed).
-fn compact(inner: &mut Inner) {
-    let Inner { map, completed, .. } = inner;
-    completed.retain(|(key, seq)| map.get(key).is_some_and(|e| e.seq == *seq));
 }
 
 #[cfg(test)]
@@ -274,10 +310,7 @@ mod tests {
         fn has_waiters(&self, key: &str) -> bool {
             matches!(
                 self.lock().map.get(key).map(|e| &e.state),
-                Some(State::Processing {
-                    waiters: Some(_),
-                    ..
-                })
+                Some(State::Processing { waiters: Some(_), .. })
             )
         }
     }
@@ -294,21 +327,12 @@ mod tests {
     async fn claim_complete_release_follow_the_token() {
         let s = MemoryStore::new(10);
         let (a, b) = (Token::generate(), Token::generate());
-        assert_eq!(
-            s.claim("k", a, 1, TTL).await.expect("claim"),
-            Claim::Claimed
-        );
+        assert_eq!(s.claim("k", a, 1, TTL).await.expect("claim"), Claim::Claimed);
         assert!(
             matches!(s.claim("k", b, 2, TTL).await.expect("claim"), Claim::Found(Marker::Processing { token, first_seen_ms: 1 }) if token == a)
         );
-        assert!(
-            !s.release("k", b).await.expect("release"),
-            "a stranger cannot release"
-        );
-        assert!(
-            !s.complete("k", b, done(TTL)).await.expect("complete"),
-            "nor complete"
-        );
+        assert!(!s.release("k", b).await.expect("release"), "a stranger cannot release");
+        assert!(!s.complete("k", b, done(TTL)).await.expect("complete"), "nor complete");
         assert!(s.complete("k", a, done(TTL)).await.expect("complete"));
         assert!(
             !s.release("k", a).await.expect("release"),
@@ -330,24 +354,16 @@ mod tests {
             .expect("complete");
         tokio::time::advance(Duration::from_secs(59)).await;
         assert!(matches!(
-            s.claim("k", Token::generate(), 2, TTL)
-                .await
-                .expect("claim"),
+            s.claim("k", Token::generate(), 2, TTL).await.expect("claim"),
             Claim::Found(_)
         ));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(
-            s.claim("k", Token::generate(), 3, TTL)
-                .await
-                .expect("claim"),
+            s.claim("k", Token::generate(), 3, TTL).await.expect("claim"),
             Claim::Claimed
         );
         tokio::time::advance(TTL).await;
-        assert_eq!(
-            s.get("k").await.expect("get"),
-            None,
-            "PROCESSING expires too"
-        );
+        assert_eq!(s.get("k").await.expect("get"), None, "PROCESSING expires too");
     }
 
     #[tokio::test(start_paused = true)]
@@ -361,21 +377,13 @@ mod tests {
             }
         }
         assert_eq!(
-            s.claim("d", Token::generate(), 1, TTL)
-                .await
-                .expect("claim"),
+            s.claim("d", Token::generate(), 1, TTL).await.expect("claim"),
             Claim::Claimed
         );
-        assert_eq!(
-            s.get("a").await.expect("get"),
-            None,
-            "oldest completed evicted"
-        );
+        assert_eq!(s.get("a").await.expect("get"), None, "oldest completed evicted");
         assert!(s.get("b").await.expect("get").is_some());
         assert_eq!(
-            s.claim("e", Token::generate(), 1, TTL)
-                .await
-                .expect("claim"),
+            s.claim("e", Token::generate(), 1, TTL).await.expect("claim"),
             Claim::Claimed
         );
         assert_eq!(s.get("b").await.expect("get"), None);
@@ -385,6 +393,38 @@ mod tests {
             Err(StoreError::Full(3))
         ));
         assert!(s.get("c").await.expect("get").is_some());
+        assert_eq!(s.entries(), Some(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_store_prefers_expired_entries_of_any_ttl_to_live_ones() {
+        let s = MemoryStore::new(3);
+        let long = Token::generate();
+        s.claim("long", long, 1, TTL).await.expect("claim");
+        s.complete("long", long, done(Duration::from_secs(3600)))
+            .await
+            .expect("complete");
+        for k in ["short", "stuck"] {
+            let t = Token::generate();
+            s.claim(k, t, 1, Duration::from_secs(5)).await.expect("claim");
+            if k == "short" {
+                s.complete(k, t, done(Duration::from_secs(5))).await.expect("complete");
+            }
+        }
+        tokio::time::advance(Duration::from_secs(6)).await;
+        // "short" (COMPLETED) and "stuck" (PROCESSING) expired; "long" is the oldest live one.
+        assert_eq!(
+            s.claim("n1", Token::generate(), 1, TTL).await.expect("claim"),
+            Claim::Claimed
+        );
+        assert_eq!(
+            s.claim("n2", Token::generate(), 1, TTL).await.expect("claim"),
+            Claim::Claimed
+        );
+        assert!(
+            s.get("long").await.expect("get").is_some(),
+            "live entries outlast expired ones"
+        );
         assert_eq!(s.entries(), Some(3));
     }
 
@@ -415,8 +455,7 @@ mod tests {
     async fn wait_returns_at_once_when_holder_changed() {
         let s = MemoryStore::new(10);
         let start = Instant::now();
-        s.wait("nothing", Token::generate(), 0, Duration::from_secs(10))
-            .await;
+        s.wait("nothing", Token::generate(), 0, Duration::from_secs(10)).await;
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 }

@@ -6,6 +6,7 @@
 //! while the marker still holds the caller's token.
 
 pub mod memory;
+pub mod redis;
 
 use std::fmt;
 use std::future::Future;
@@ -19,6 +20,7 @@ use crate::config::{Backend, StoreConfig};
 use http::{HeaderValue, StatusCode};
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// Identifies the one request that holds a PROCESSING marker. Unique across replicas:
 /// 64 random bits per process, 64 bits of counter.
@@ -34,11 +36,8 @@ impl Token {
             // Without OS randomness, time and pid still make collisions between
             // replicas vanishingly unlikely.
             if getrandom::fill(&mut seed).is_err() {
-                let nanos = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos());
-                seed =
-                    ((nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+                let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+                seed = ((nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
             }
             u64::from_le_bytes(seed)
         });
@@ -88,9 +87,7 @@ pub enum Marker {
 impl Marker {
     pub fn first_seen_ms(&self) -> u64 {
         match self {
-            Marker::Processing { first_seen_ms, .. } | Marker::Completed { first_seen_ms, .. } => {
-                *first_seen_ms
-            }
+            Marker::Processing { first_seen_ms, .. } | Marker::Completed { first_seen_ms, .. } => *first_seen_ms,
         }
     }
 }
@@ -124,6 +121,14 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    /// Whether the call may have taken effect although it failed (its reply was lost),
+    /// so that repeating it is how to find out.
+    pub fn is_ambiguous(&self) -> bool {
+        matches!(self, StoreError::Timeout | StoreError::Unavailable(_))
+    }
+}
+
 /// The store contract. Every call must finish within the store's configured timeout.
 pub trait Store: Send + Sync + 'static {
     /// Atomically: key absent (or expired) -> PROCESSING(token) for `ttl`, else report
@@ -145,24 +150,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes PROCESSING(token). False when the marker no longer holds `token`.
-    fn release(
-        &self,
-        key: &str,
-        token: Token,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn release(&self, key: &str, token: Token) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Reads a marker without changing it.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Marker>, StoreError>> + Send;
 
     /// Returns when the PROCESSING marker held by `holder` may have changed, or after
     /// `max`, whichever is first. `attempt` counts the waits so far (for backoff).
-    fn wait(
-        &self,
-        key: &str,
-        holder: Token,
-        attempt: u32,
-        max: Duration,
-    ) -> impl Future<Output = ()> + Send;
+    fn wait(&self, key: &str, holder: Token, attempt: u32, max: Duration) -> impl Future<Output = ()> + Send;
 
     /// A cheap liveness check for readiness.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -176,33 +171,24 @@ pub trait Store: Send + Sync + 'static {
 /// The configured backend, chosen at start.
 pub enum AnyStore {
     Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
 macro_rules! each_backend {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Memory($store) => $call,
+            AnyStore::Redis($store) => $call,
         }
     };
 }
 
 impl Store for AnyStore {
-    async fn claim(
-        &self,
-        key: &str,
-        token: Token,
-        first_seen_ms: u64,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
         each_backend!(self, s => s.claim(key, token, first_seen_ms, ttl).await)
     }
 
-    async fn complete(
-        &self,
-        key: &str,
-        token: Token,
-        completion: Completion,
-    ) -> Result<bool, StoreError> {
+    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
         each_backend!(self, s => s.complete(key, token, completion).await)
     }
 
@@ -231,9 +217,9 @@ impl Store for AnyStore {
 pub async fn connect(config: &StoreConfig) -> Result<AnyStore, StoreError> {
     match &config.backend {
         Backend::Memory { max_entries } => Ok(AnyStore::Memory(MemoryStore::new(*max_entries))),
-        Backend::Redis { .. } => Err(StoreError::Unavailable(
-            "the redis backend is not built yet".into(),
-        )),
+        Backend::Redis { target, pool_size } => RedisStore::connect(target, *pool_size, config.timeout)
+            .await
+            .map(AnyStore::Redis),
     }
 }
 

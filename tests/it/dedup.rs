@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use dedup_gateway::store::Store;
 use http::Method;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, eventually, msg, within};
 
@@ -25,11 +28,7 @@ async fn first_sighting_is_forwarded_and_a_repeat_is_a_duplicate() {
     assert_eq!(second.dedup(), "duplicate");
     assert_eq!(second.body, "success");
     assert_eq!(second.headers["content-type"], "text/plain; charset=utf-8");
-    assert_eq!(
-        upstream.count(),
-        1,
-        "the duplicate never reaches the upstream"
-    );
+    assert_eq!(upstream.count(), 1, "the duplicate never reaches the upstream");
     assert_eq!(
         gw.metric(r#"dedup_requests_total{route="bot",outcome="forwarded"}"#),
         1.0
@@ -46,25 +45,16 @@ async fn a_number_and_a_string_with_the_same_digits_are_one_message() {
     let gw = TestGateway::start(&Cfg::new(), &upstream).await;
     let client = gw.client();
     assert_eq!(
-        client
-            .post("/hook", r#"{"msgId": 7891234567890123457}"#)
-            .await
-            .dedup(),
+        client.post("/hook", r#"{"msgId": 7891234567890123457}"#).await.dedup(),
         "forwarded"
     );
     assert_eq!(
-        client
-            .post("/hook", r#"{"msgId":"7891234567890123457"}"#)
-            .await
-            .dedup(),
+        client.post("/hook", r#"{"msgId":"7891234567890123457"}"#).await.dedup(),
         "duplicate"
     );
     // One digit away (what f64 rounding would produce) is a different message.
     assert_eq!(
-        client
-            .post("/hook", r#"{"msgId": 7891234567890123456}"#)
-            .await
-            .dedup(),
+        client.post("/hook", r#"{"msgId": 7891234567890123456}"#).await.dedup(),
         "forwarded"
     );
 }
@@ -119,16 +109,9 @@ async fn replay_of_a_response_over_64k_falls_back_to_the_duplicate_answer() {
     let gw = TestGateway::start(&Cfg::new().route("replay = true"), &upstream).await;
     let client = gw.client();
     let first = client.post("/hook", &msg("big")).await;
-    assert_eq!(
-        first.body.len(),
-        64 * 1024 + 1,
-        "the sender still gets the whole body"
-    );
+    assert_eq!(first.body.len(), 64 * 1024 + 1, "the sender still gets the whole body");
     let again = client.post("/hook", &msg("big")).await;
-    assert_eq!(
-        (again.dedup(), again.body.as_str()),
-        ("duplicate", "success")
-    );
+    assert_eq!((again.dedup(), again.body.as_str()), ("duplicate", "success"));
 }
 
 #[tokio::test]
@@ -171,9 +154,7 @@ async fn upstream_failure_releases_the_marker_so_the_retry_is_forwarded() {
 #[tokio::test]
 async fn unreachable_upstream_is_502_and_released() {
     // Bind and drop a listener: nothing listens on that port any more.
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", dead.local_addr().expect("addr"));
     drop(dead);
     let gw = TestGateway::start_toml(&Cfg::new().toml(&url)).await;
@@ -210,11 +191,7 @@ async fn upstream_timeout_is_504_and_release_or_keep_decides_the_retry() {
         let gw = TestGateway::start(&cfg, &upstream).await;
         let client = gw.client();
         let r = client.post("/hook", &msg("t1")).await;
-        assert_eq!(
-            (r.status.as_u16(), r.dedup()),
-            (504, "forwarded"),
-            "{policy}"
-        );
+        assert_eq!((r.status.as_u16(), r.dedup()), (504, "forwarded"), "{policy}");
         gate.open(10);
         let retry = client.post("/hook", &msg("t1")).await;
         assert_eq!(retry.dedup(), retry_status, "{policy}");
@@ -243,10 +220,8 @@ async fn hold_in_flight(
 fn gated_upstream(
     gate: &Gate,
     status_for_first: u16,
-) -> impl Fn(crate::support::Received) -> std::pin::Pin<Box<dyn Future<Output = Reply> + Send>>
-+ Send
-+ Sync
-+ 'static {
+) -> impl Fn(crate::support::Received) -> std::pin::Pin<Box<dyn Future<Output = Reply> + Send>> + Send + Sync + 'static
+{
     let gate = gate.clone();
     let calls = Arc::new(AtomicUsize::new(0));
     move |r| {
@@ -255,10 +230,7 @@ fn gated_upstream(
         Box::pin(async move {
             if n == 0 {
                 gate.pass().await;
-                Reply::new(
-                    status_for_first,
-                    format!("first {}", r.msg_id().unwrap_or_default()),
-                )
+                Reply::new(status_for_first, format!("first {}", r.msg_id().unwrap_or_default()))
             } else {
                 Reply::new(200, format!("later {}", r.msg_id().unwrap_or_default()))
             }
@@ -314,9 +286,7 @@ async fn duplicates_seen(gw: &TestGateway, n: f64) {
 async fn in_flight_wait_with_replay_returns_the_upstreams_own_body() {
     let gate = Gate::new();
     let upstream = Upstream::with(gated_upstream(&gate, 200)).await;
-    let cfg = Cfg::new()
-        .route("replay = true")
-        .route("in_flight_wait = \"10s\"");
+    let cfg = Cfg::new().route("replay = true").route("in_flight_wait = \"10s\"");
     let gw = TestGateway::start(&cfg, &upstream).await;
     let client = gw.client();
     let first = hold_in_flight(&client, &upstream, "w1").await;
@@ -330,10 +300,7 @@ async fn in_flight_wait_with_replay_returns_the_upstreams_own_body() {
     gate.open(1);
     let first = first.await.expect("first");
     let waited = within("the waiter", waiter).await.expect("waiter");
-    assert_eq!(
-        (first.dedup(), first.body.as_str()),
-        ("forwarded", "first w1")
-    );
+    assert_eq!((first.dedup(), first.body.as_str()), ("forwarded", "first w1"));
     assert_eq!(
         (waited.status.as_u16(), waited.dedup(), waited.body.as_str()),
         (200, "replayed", "first w1")
@@ -354,10 +321,7 @@ async fn in_flight_wait_without_replay_answers_duplicate_when_the_first_complete
     gate.open(1);
     first.await.expect("first");
     let waited = within("the waiter", waiter).await.expect("waiter");
-    assert_eq!(
-        (waited.dedup(), waited.body.as_str()),
-        ("duplicate", "success")
-    );
+    assert_eq!((waited.dedup(), waited.body.as_str()), ("duplicate", "success"));
 }
 
 #[tokio::test]
@@ -375,11 +339,7 @@ async fn when_the_owner_fails_the_waiter_forwards_itself() {
     assert_eq!((first.status.as_u16(), first.dedup()), (503, "forwarded"));
     let promoted = within("the waiter", waiter).await.expect("waiter");
     assert_eq!(
-        (
-            promoted.status.as_u16(),
-            promoted.dedup(),
-            promoted.body.as_str()
-        ),
+        (promoted.status.as_u16(), promoted.dedup(), promoted.body.as_str()),
         (200, "forwarded", "later p1")
     );
     assert_eq!(
@@ -410,9 +370,16 @@ async fn a_sender_that_hangs_up_does_not_cancel_the_delivery() {
     let upstream = Upstream::with(gated_upstream(&gate, 200)).await;
     let gw = TestGateway::start(&Cfg::new().route("on_in_flight = \"conflict\""), &upstream).await;
     let client = gw.client();
-    let first = hold_in_flight(&client, &upstream, "h1").await;
-    first.abort(); // the sender gives up (WeChat does after 5 s) and closes its connection
-    let _ = first.await;
+    // The sender gives up (WeChat does after 5 s) and closes its socket mid-flight.
+    let body = msg("h1");
+    let mut sender = TcpStream::connect(gw.addr).await.expect("connect");
+    let request = format!(
+        "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sender.write_all(request.as_bytes()).await.expect("write");
+    upstream.wait_for(1).await;
+    drop(sender);
     gate.open(1);
     // The owner task still completes the marker: the retry is a duplicate, not a redelivery.
     eventually("the marker to complete", || {
@@ -456,10 +423,7 @@ async fn thousand_ids_times_five_concurrent_copies_are_delivered_exactly_once() 
         *per_id.entry(r.msg_id().expect("id")).or_default() += 1;
     }
     assert_eq!(per_id.len(), 1000);
-    assert!(
-        per_id.values().all(|&n| n == 1),
-        "some id was delivered twice"
-    );
+    assert!(per_id.values().all(|&n| n == 1), "some id was delivered twice");
     assert_eq!(outcomes.get("forwarded"), Some(&1000), "{outcomes:?}");
     assert_eq!(outcomes.values().sum::<usize>(), 5000);
 }
@@ -467,29 +431,20 @@ async fn thousand_ids_times_five_concurrent_copies_are_delivered_exactly_once() 
 #[tokio::test]
 async fn missing_key_policies() {
     let upstream = Upstream::ok().await;
-    for (policy, status, body_is_upstream) in [
-        ("forward", 200, true),
-        ("ack", 200, false),
-        ("reject", 400, false),
-    ] {
+    for (policy, status, body_is_upstream) in [("forward", 200, true), ("ack", 200, false), ("reject", 400, false)] {
         let cfg = Cfg::new().route(&format!("on_missing_key = \"{policy}\""));
         let gw = TestGateway::start(&cfg, &upstream).await;
         let before = upstream.count();
         let r = gw.client().post("/hook", r#"{"other":"x"}"#).await;
-        assert_eq!(
-            (r.status.as_u16(), r.dedup()),
-            (status, "no-key"),
-            "{policy}"
-        );
-        assert_eq!(
-            upstream.count() - before,
-            usize::from(body_is_upstream),
-            "{policy}"
-        );
-        assert_eq!(
-            gw.metric(r#"dedup_requests_total{route="bot",outcome="no_key"}"#),
-            1.0
-        );
+        assert_eq!((r.status.as_u16(), r.dedup()), (status, "no-key"), "{policy}");
+        let expected_body = match policy {
+            "forward" => r#"{"reply":"ok "}"#,
+            "ack" => "success",
+            _ => "no message id in the request\n",
+        };
+        assert_eq!(r.body, expected_body, "{policy}");
+        assert_eq!(upstream.count() - before, usize::from(body_is_upstream), "{policy}");
+        assert_eq!(gw.metric(r#"dedup_requests_total{route="bot",outcome="no_key"}"#), 1.0);
     }
 }
 
@@ -517,8 +472,8 @@ async fn store_errors_follow_on_error() {
         assert_eq!(upstream.count(), 1 + delivered, "{policy}");
         assert_eq!(
             gw.metric(r#"dedup_store_errors_total{op="claim"}"#),
-            2.0,
-            "claim tried twice"
+            1.0,
+            "a full store is not retried"
         );
         gate.open(1);
         first.await.expect("first");
@@ -540,10 +495,7 @@ async fn shadow_mode_forwards_everything_and_labels_what_it_would_drop() {
     gate.open(1);
     assert_eq!(first.await.expect("first").dedup(), "forwarded");
     let dup = client.post("/hook", &msg("sh1")).await;
-    assert_eq!(
-        (dup.dedup(), dup.body.as_str()),
-        ("shadow-duplicate", "later sh1")
-    );
+    assert_eq!((dup.dedup(), dup.body.as_str()), ("shadow-duplicate", "later sh1"));
     assert_eq!(upstream.count(), 3, "shadow mode drops nothing");
     assert_eq!(
         gw.metric(r#"dedup_requests_total{route="bot",outcome="shadow_in_flight"}"#),
@@ -562,23 +514,16 @@ async fn shadow_mode_forwards_everything_and_labels_what_it_would_drop() {
 #[tokio::test]
 async fn put_and_patch_are_deduped_too_and_routes_never_share_keys() {
     let upstream = Upstream::ok().await;
-    let cfg = Cfg::new().extra(
-        "[[routes]]\nname = \"other\"\npath = \"/other\"\nupstream = \"{upstream}\"\nkey = [\"json:/msgId\"]\n",
-    );
+    let cfg = Cfg::new()
+        .extra("[[routes]]\nname = \"other\"\npath = \"/other\"\nupstream = \"{upstream}\"\nkey = [\"json:/msgId\"]\n");
     let gw = TestGateway::start(&cfg, &upstream).await;
     let client = gw.client();
     assert_eq!(
-        client
-            .send(Method::PUT, "/hook", &[], &msg("k1"))
-            .await
-            .dedup(),
+        client.send(Method::PUT, "/hook", &[], &msg("k1")).await.dedup(),
         "forwarded"
     );
     assert_eq!(
-        client
-            .send(Method::PATCH, "/hook", &[], &msg("k1"))
-            .await
-            .dedup(),
+        client.send(Method::PATCH, "/hook", &[], &msg("k1")).await.dedup(),
         "duplicate"
     );
     assert_eq!(
@@ -586,4 +531,52 @@ async fn put_and_patch_are_deduped_too_and_routes_never_share_keys() {
         "forwarded",
         "another route, another key"
     );
+}
+
+#[tokio::test]
+async fn shadow_mode_forwards_even_what_enforce_mode_would_refuse() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new()
+        .route("mode = \"shadow\"")
+        .route("on_missing_key = \"reject\"")
+        .store("max_entries = 1")
+        .store("on_error = \"reject\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let client = gw.client();
+    let no_key = client.post("/hook", r#"{"other":1}"#).await;
+    assert_eq!((no_key.status.as_u16(), no_key.dedup()), (200, "no-key"));
+    // Fill the one slot with a PROCESSING marker: further claims are store errors.
+    let held = dedup_gateway::store::Token::generate();
+    let claim = gw
+        .gw
+        .store
+        .claim("dedup:bot:held", held, 1, std::time::Duration::from_secs(60));
+    claim.await.expect("claim");
+    let down = client.post("/hook", &msg("sd1")).await;
+    assert_eq!((down.status.as_u16(), down.dedup()), (200, "store-unavailable"));
+    assert_eq!(upstream.count(), 2, "shadow mode forwards every request");
+}
+
+#[tokio::test]
+async fn a_waiter_takes_over_an_expired_claim_and_then_has_the_upstream_timeout() {
+    // An owner that crashed: its PROCESSING marker is in the store, nobody completes it.
+    let upstream = Upstream::with(|r| async move {
+        // Slower than in_flight_wait: only upstream_timeout may bound the new owner.
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        Reply::new(200, format!("late {}", r.msg_id().unwrap_or_default()))
+    })
+    .await;
+    let cfg = Cfg::new()
+        .route("in_flight_wait = \"500ms\"")
+        .route("upstream_timeout = \"5s\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let crashed = dedup_gateway::store::Token::generate();
+    let ttl = std::time::Duration::from_millis(300);
+    gw.gw.store.claim("dedup:bot:x1", crashed, 1, ttl).await.expect("claim");
+    let r = gw.client().post("/hook", &msg("x1")).await;
+    assert_eq!(
+        (r.status.as_u16(), r.dedup(), r.body.as_str()),
+        (200, "forwarded", "late x1")
+    );
+    assert_eq!(upstream.count(), 1);
 }

@@ -4,5 +4,8 @@
 mod dedup;
 mod process;
 mod proxy;
+mod redis;
+mod servers;
 mod shutdown;
+mod store_contract;
 mod support;

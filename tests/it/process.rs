@@ -105,19 +105,13 @@ processing_ttl = "20s"
         "routes[0].completed_ttl: invalid duration \"24 hours please\"",
         "routes[0].processing_ttl: 20s must exceed upstream_timeout (25s) + 2 x store.timeout (250ms)",
     ] {
-        assert!(
-            stderr.contains(expected),
-            "missing {expected:?} in:\n{stderr}"
-        );
+        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
     }
 }
 
 #[test]
 fn serve_refuses_a_bad_config_before_listening() {
-    let bad = TempFile::new(
-        "bad.toml",
-        "[server]\nlisten = \"127.0.0.1:0\"\nbogus = 1\n",
-    );
+    let bad = TempFile::new("bad.toml", "[server]\nlisten = \"127.0.0.1:0\"\nbogus = 1\n");
     let out = run(&["--config", bad.0.to_str().expect("path")], "");
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("bogus: unknown key"));
@@ -137,20 +131,14 @@ fn config_path_comes_from_the_environment_when_not_given() {
 
 #[test]
 fn key_prints_the_exact_digits_of_a_long_numeric_id() {
-    let out = run(
-        &["key", "--route", "bot"],
-        "{\"msgId\": 7891234567890123457}\n",
-    );
+    let out = run(&["key", "--route", "bot"], "{\"msgId\": 7891234567890123457}\n");
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "dedup:bot:7891234567890123457");
 }
 
 #[test]
 fn key_explains_why_there_is_no_key() {
-    let out = run(
-        &["key", "--route", "bot", "-"],
-        "{\"data\":{\"msgId\":null}}",
-    );
+    let out = run(&["key", "--route", "bot", "-"], "{\"data\":{\"msgId\":null}}");
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("json:/msgId: not present"), "{stderr}");
@@ -230,11 +218,10 @@ impl GatewayProcess {
                 sink.lock().expect("logs").push(line);
             }
         });
-        let serving =
-            tokio::task::spawn_blocking(move || rx.recv_timeout(crate::support::PATIENCE))
-                .await
-                .expect("join")
-                .unwrap_or_else(|_| panic!("gateway did not start; logs:\n{}", logs_text(&logs)));
+        let serving = tokio::task::spawn_blocking(move || rx.recv_timeout(crate::support::PATIENCE))
+            .await
+            .expect("join")
+            .unwrap_or_else(|_| panic!("gateway did not start; logs:\n{}", logs_text(&logs)));
         let parse = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse().ok());
         GatewayProcess {
             child,
@@ -266,7 +253,6 @@ impl GatewayProcess {
         .await;
         status.code()
     }
-
 }
 
 impl Drop for GatewayProcess {
@@ -284,8 +270,7 @@ fn logs_text(logs: &Mutex<Vec<String>>) -> String {
 async fn the_shipped_example_config_dedupes_end_to_end() {
     // gateway.toml as shipped, moved onto free ports and in front of a recording bot.
     let upstream = Upstream::ok().await;
-    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"))
-        .expect("gateway.toml");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")).expect("gateway.toml");
     let toml = shipped
         .replace("0.0.0.0:8080", "127.0.0.1:0")
         .replace("127.0.0.1:9090", "127.0.0.1:0")
@@ -319,13 +304,7 @@ async fn sigterm_lets_twenty_slow_requests_finish_and_exits_0() {
     let cfg = Cfg::new().server("shutdown_grace = \"20s\"");
     let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
     let admin = Client::http1(gw.admin.expect("admin listener"));
-    assert_eq!(
-        admin
-            .send(http::Method::GET, "/readyz", &[], "")
-            .await
-            .status,
-        200
-    );
+    assert_eq!(admin.send(http::Method::GET, "/readyz", &[], "").await.status, 200);
 
     let client = Client::http1(gw.addr);
     let requests: Vec<_> = (0..20)
@@ -339,6 +318,13 @@ async fn sigterm_lets_twenty_slow_requests_finish_and_exits_0() {
     // Not ready at once, while the 20 are still in flight.
     let ready = eventually_status(&admin, "/readyz", 503).await;
     assert_eq!(ready, 503);
+    // The listener closes (shutdown_delay is 0): new connections are refused.
+    within("the listener to close", async {
+        while tokio::net::TcpStream::connect(gw.addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     assert!(requests.iter().all(|r| !r.is_finished()));
     gate.open(20);
     for r in requests {
@@ -355,11 +341,7 @@ async fn eventually_status(admin: &Client, path: &str, status: u16) -> u16 {
     let mut last = 0;
     within(&format!("{path} to answer {status}"), async {
         loop {
-            last = admin
-                .send(http::Method::GET, path, &[], "")
-                .await
-                .status
-                .as_u16();
+            last = admin.send(http::Method::GET, path, &[], "").await.status.as_u16();
             if last == status {
                 return;
             }

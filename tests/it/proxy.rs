@@ -12,12 +12,9 @@ async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(request).await.expect("write");
     let mut out = Vec::new();
-    within(
-        "the gateway to close the connection",
-        stream.read_to_end(&mut out),
-    )
-    .await
-    .expect("read");
+    within("the gateway to close the connection", stream.read_to_end(&mut out))
+        .await
+        .expect("read");
     String::from_utf8_lossy(&out).into_owned()
 }
 
@@ -37,9 +34,7 @@ async fn other_methods_stream_through_untouched_and_undeduped() {
     let gw = TestGateway::start(&Cfg::new(), &upstream).await;
     let client = gw.client();
     for _ in 0..2 {
-        let r = client
-            .send(Method::GET, "/hook?signature=s&echostr=e1", &[], "")
-            .await;
+        let r = client.send(Method::GET, "/hook?signature=s&echostr=e1", &[], "").await;
         assert_eq!((r.status.as_u16(), r.dedup()), (200, "bypass"));
     }
     let r = client.send(Method::DELETE, "/hook", &[], &msg("d")).await;
@@ -61,17 +56,11 @@ async fn prefix_routes_forward_path_and_query_unchanged() {
     let client = gw.client();
     let h = [("x-github-delivery", "d-1")];
     assert_eq!(
-        client
-            .send(Method::POST, "/gh/repo/events?x=1", &h, "{}")
-            .await
-            .dedup(),
+        client.send(Method::POST, "/gh/repo/events?x=1", &h, "{}").await.dedup(),
         "forwarded"
     );
     assert_eq!(
-        client
-            .send(Method::POST, "/gh/other", &h, "{}")
-            .await
-            .dedup(),
+        client.send(Method::POST, "/gh/other", &h, "{}").await.dedup(),
         "duplicate"
     );
     assert_eq!(upstream.received()[0].uri, "/gh/repo/events?x=1");
@@ -122,8 +111,7 @@ async fn bodies_over_max_body_get_413_whether_sized_or_chunked() {
     assert_eq!((r.status.as_u16(), r.dedup()), (413, "too-large"));
     assert_eq!(r.headers["connection"], "close");
 
-    let mut chunked =
-        b"POST /hook HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let mut chunked = b"POST /hook HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     for chunk in big.as_bytes().chunks(300) {
         chunked.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
         chunked.extend_from_slice(chunk);
@@ -136,10 +124,7 @@ async fn bodies_over_max_body_get_413_whether_sized_or_chunked() {
 
     assert_eq!(upstream.count(), 0, "nothing forwarded");
     // Nothing stored either: the same id under the limit is a first sighting.
-    assert_eq!(
-        gw.client().post("/hook", &msg("big")).await.dedup(),
-        "forwarded"
-    );
+    assert_eq!(gw.client().post("/hook", &msg("big")).await.dedup(), "forwarded");
     assert_eq!(
         gw.metric(r#"dedup_requests_total{route="bot",outcome="too_large"}"#),
         2.0
@@ -152,19 +137,9 @@ async fn ambiguous_framing_gets_400_and_a_closed_connection() {
     let gw = TestGateway::start(&Cfg::new(), &upstream).await;
     let body = msg("smuggle");
     for head in [
-        format!(
-            "Content-Length: {}\r\nTransfer-Encoding: chunked",
-            body.len()
-        ),
-        format!(
-            "Transfer-Encoding: chunked\r\nContent-Length: {}",
-            body.len()
-        ),
-        format!(
-            "Content-Length: {}\r\nContent-Length: {}",
-            body.len(),
-            body.len() + 1
-        ),
+        format!("Content-Length: {}\r\nTransfer-Encoding: chunked", body.len()),
+        format!("Transfer-Encoding: chunked\r\nContent-Length: {}", body.len()),
+        format!("Content-Length: {}\r\nContent-Length: {}", body.len(), body.len() + 1),
     ] {
         let request = format!(
             "POST /hook HTTP/1.1\r\nHost: gw\r\n{head}\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\nGET /hook HTTP/1.1\r\nHost: gw\r\n\r\n",
@@ -172,38 +147,43 @@ async fn ambiguous_framing_gets_400_and_a_closed_connection() {
         );
         let answer = raw(gw.addr, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{head:?}: {answer}");
-        assert_eq!(
-            answer.matches("HTTP/1.1").count(),
-            1,
-            "closed after the 400: {answer}"
-        );
+        assert_eq!(answer.matches("HTTP/1.1").count(), 1, "closed after the 400: {answer}");
     }
     assert_eq!(upstream.count(), 0);
 }
 
+/// Sends `first`, then stalls, and returns what the gateway sent before closing.
+async fn stall_after(addr: std::net::SocketAddr, first: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(first).await.expect("write");
+    let mut out = Vec::new();
+    // The gateway must close the connection without us sending anything more.
+    within("the stalled client to be cut off", stream.read_to_end(&mut out))
+        .await
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[tokio::test]
-async fn slow_headers_are_cut_off() {
+async fn header_timeout_cuts_off_slow_silent_and_idle_clients() {
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&Cfg::new().server("header_timeout = \"300ms\""), &upstream).await;
-    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
-    stream
-        .write_all(b"POST /hook HTTP/1.1\r\nHost: gw\r\n")
-        .await
-        .expect("write");
-    let mut out = Vec::new();
-    // The gateway closes the connection (possibly after a 408) without us sending more.
-    within(
-        "the slow client to be cut off",
-        stream.read_to_end(&mut out),
-    )
-    .await
-    .expect("read");
-    let text = String::from_utf8_lossy(&out);
-    assert!(
-        text.is_empty() || text.starts_with("HTTP/1.1 408"),
-        "{text}"
+    // Half a head.
+    let text = stall_after(gw.addr, b"POST /hook HTTP/1.1\r\nHost: gw\r\n").await;
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    // Nothing at all, and a prefix of the HTTP/2 preface.
+    assert_eq!(stall_after(gw.addr, b"").await, "");
+    assert_eq!(stall_after(gw.addr, b"PRI * HT").await, "");
+    // A kept-alive connection idle after its first request.
+    let body = msg("ka");
+    let request = format!(
+        "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     );
-    assert_eq!(upstream.count(), 0);
+    let text = stall_after(gw.addr, request.as_bytes()).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
+    assert_eq!(upstream.count(), 1);
 }
 
 #[tokio::test]
@@ -222,10 +202,7 @@ async fn h2c_behaves_like_http1() {
         (200, "duplicate", "success")
     );
     // Across protocols it is the same message.
-    assert_eq!(
-        gw.client().post("/hook", &msg("h2")).await.dedup(),
-        "duplicate"
-    );
+    assert_eq!(gw.client().post("/hook", &msg("h2")).await.dedup(), "duplicate");
     let big = h2.post("/hook", &"x".repeat(2000)).await;
     assert_eq!((big.status.as_u16(), big.dedup()), (413, "too-large"));
     let get = h2.send(Method::GET, "/hook?echostr=1", &[], "").await;

@@ -26,15 +26,29 @@ async fn an_owner_abandoned_at_the_end_of_the_grace_releases_its_claim() {
     let stuck = tokio::spawn(async move { c.post("/hook", &msg("stuck")).await });
     upstream.wait_for(1).await;
     let key = "dedup:bot:stuck";
-    assert!(gw.gw.store.get(key).await.expect("get").is_some(), "PROCESSING while in flight");
+    assert!(
+        gw.gw.store.get(key).await.expect("get").is_some(),
+        "PROCESSING while in flight"
+    );
 
     let store = gw.gw.clone();
     let ready_before = admin.send(Method::GET, "/readyz", &[], "").await.status;
     assert_eq!(ready_before, 200);
     gw.stop().await;
     let answer = within("the abandoned request", stuck).await.expect("task");
-    assert_eq!((answer.status.as_u16(), answer.headers["retry-after"].to_str().ok()), (503, Some("1")));
-    assert_eq!(store.store.get(key).await.expect("get"), None, "no PROCESSING marker left behind");
+    assert_eq!(
+        (
+            answer.status.as_u16(),
+            answer.headers["retry-after"].to_str().ok(),
+            answer.dedup()
+        ),
+        (503, Some("1"), "forwarded")
+    );
+    assert_eq!(
+        store.store.get(key).await.expect("get"),
+        None,
+        "no PROCESSING marker left behind"
+    );
     assert_eq!(upstream.count(), 1);
 }
 

@@ -90,12 +90,9 @@ pub struct Upstream {
 impl Upstream {
     /// Answers 200 `{"reply":"ok <msgId>"}` at once.
     pub async fn ok() -> Self {
-        Self::with(|r| async move {
-            Reply::new(
-                200,
-                format!("{{\"reply\":\"ok {}\"}}", r.msg_id().unwrap_or_default()),
-            )
-        })
+        Self::with(
+            |r| async move { Reply::new(200, format!("{{\"reply\":\"ok {}\"}}", r.msg_id().unwrap_or_default())) },
+        )
         .await
     }
 
@@ -105,9 +102,7 @@ impl Upstream {
         Fut: Future<Output = Reply> + Send + 'static,
     {
         let behaviour: Behaviour = Arc::new(move |r| Box::pin(behaviour(r)));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind upstream");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
         let addr = listener.local_addr().expect("addr");
         let log = Arc::new((Mutex::new(Vec::new()), Notify::new()));
         let log2 = Arc::clone(&log);
@@ -124,11 +119,7 @@ impl Upstream {
                         let log = Arc::clone(&log);
                         async move {
                             let (head, body) = req.into_parts();
-                            let body = body
-                                .collect()
-                                .await
-                                .map(|b| b.to_bytes())
-                                .unwrap_or_default();
+                            let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
                             let received = Received {
                                 method: head.method,
                                 uri: head.uri.to_string(),
@@ -252,8 +243,7 @@ impl Cfg {
     }
 
     pub fn toml(&self, upstream: &str) -> String {
-        let has =
-            |section: &str, key: &str| section.lines().any(|l| l.trim_start().starts_with(key));
+        let has = |section: &str, key: &str| section.lines().any(|l| l.trim_start().starts_with(key));
         let mut server = self.server.clone();
         if !has(&server, "listen") {
             server.push_str("listen = \"127.0.0.1:0\"\n");
@@ -292,8 +282,7 @@ impl TestGateway {
     }
 
     pub async fn start_toml(toml: &str) -> Self {
-        let config =
-            Config::parse(toml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{toml}"));
+        let config = Config::parse(toml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{toml}"));
         let store = crate::support::store_for(&config).await;
         Self::start_with(config, store).await
     }
@@ -301,10 +290,7 @@ impl TestGateway {
     pub async fn start_with(config: Config, store: dedup_gateway::store::AnyStore) -> Self {
         let listeners = Listeners::bind(&config.server).await.expect("bind gateway");
         let addr = listeners.proxy_addr().expect("addr");
-        let admin = listeners
-            .admin
-            .as_ref()
-            .map(|l| l.local_addr().expect("admin addr"));
+        let admin = listeners.admin.as_ref().map(|l| l.local_addr().expect("admin addr"));
         let gw = Gateway::new(&config, store);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(dedup_gateway::run(
@@ -346,9 +332,7 @@ impl TestGateway {
             let _ = tx.send(());
         }
         if let Some(task) = self.task.take() {
-            within("the gateway to drain", task)
-                .await
-                .expect("gateway task");
+            within("the gateway to drain", task).await.expect("gateway task");
         }
     }
 }
@@ -361,11 +345,12 @@ impl Drop for TestGateway {
     }
 }
 
-/// Reads one sample from Prometheus text; 0 when the series is absent.
+/// Reads one sample from Prometheus text; a missing series fails the test (a typo in a
+/// series name must not read as 0).
 pub fn metric_value(text: &str, series: &str) -> f64 {
     text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
 }
 
 /// The store a test config asks for.
@@ -409,9 +394,7 @@ impl Client {
     }
 
     pub fn h2c(base: SocketAddr) -> Self {
-        let inner = HyperClient::builder(TokioExecutor::new())
-            .http2_only(true)
-            .build_http();
+        let inner = HyperClient::builder(TokioExecutor::new()).http2_only(true).build_http();
         Client { inner, base }
     }
 
@@ -419,22 +402,14 @@ impl Client {
         self.send(Method::POST, path, &[], body).await
     }
 
-    pub async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &str,
-    ) -> Resp {
+    pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", self.base));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let req = req
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .expect("request");
+        let req = req.body(Full::new(Bytes::from(body.to_owned()))).expect("request");
         let response = within("a response", self.inner.request(req))
             .await
             .expect("request failed");

@@ -22,9 +22,7 @@ impl Pointer {
         rest.split('/')
             .map(|token| {
                 if token.replace("~0", "").replace("~1", "").contains('~') {
-                    Err(format!(
-                        "JSON pointer {text:?}: \"~\" must be followed by 0 or 1"
-                    ))
+                    Err(format!("JSON pointer {text:?}: \"~\" must be followed by 0 or 1"))
                 } else {
                     Ok(token.replace("~1", "/").replace("~0", "~"))
                 }
@@ -36,9 +34,7 @@ impl Pointer {
     /// The value the pointer designates in `body`, as key text.
     pub fn lookup<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, str>, Miss> {
         let mut de = serde_json::Deserializer::from_slice(body);
-        let found = Seek(&self.0)
-            .deserialize(&mut de)
-            .map_err(|_| Miss::NotJson)?;
+        let found = Seek(&self.0).deserialize(&mut de).map_err(|_| Miss::NotJson)?;
         de.end().map_err(|_| Miss::NotJson)?;
         key_text(found.ok_or(Miss::NotFound)?)
     }
@@ -52,15 +48,9 @@ fn key_text(raw: &RawValue) -> Result<Cow<'_, str>, Miss> {
             let s: Cow<str> = match serde_json::from_str::<&str>(text) {
                 Ok(borrowed) => Cow::Borrowed(borrowed),
                 // Escapes need decoding into a new string.
-                Err(_) => {
-                    Cow::Owned(serde_json::from_str::<String>(text).map_err(|_| Miss::NotJson)?)
-                }
+                Err(_) => Cow::Owned(serde_json::from_str::<String>(text).map_err(|_| Miss::NotJson)?),
             };
-            if s.is_empty() {
-                Err(Miss::Empty)
-            } else {
-                Ok(s)
-            }
+            if s.is_empty() { Err(Miss::Empty) } else { Ok(s) }
         }
         Some(b'-' | b'0'..=b'9') => Ok(Cow::Borrowed(text)),
         Some(b't' | b'f') => Err(Miss::WrongType("a boolean")),
@@ -151,9 +141,8 @@ impl<'de> Visitor<'de> for Step<'_> {
 
 /// RFC 6901 array index: digits without a leading zero (except "0" itself).
 fn array_index(token: &str) -> Option<usize> {
-    let valid = !token.is_empty()
-        && token.bytes().all(|b| b.is_ascii_digit())
-        && (token == "0" || !token.starts_with('0'));
+    let valid =
+        !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) && (token == "0" || !token.starts_with('0'));
     if valid { token.parse().ok() } else { None }
 }
 
@@ -203,10 +192,7 @@ mod tests {
             Ok("7891234567890123457".into())
         );
         assert_eq!(get("/a", r#"{"a":-1.50e3}"#), Ok("-1.50e3".into()));
-        assert_eq!(
-            get("/s", r#"{"s":"caf\u00e9 \"q\""}"#),
-            Ok("café \"q\"".into())
-        );
+        assert_eq!(get("/s", r#"{"s":"caf\u00e9 \"q\""}"#), Ok("café \"q\"".into()));
     }
 
     #[test]
@@ -222,10 +208,7 @@ mod tests {
 
     #[test]
     fn unusable_values_give_nothing() {
-        assert_eq!(
-            get("/x", r#"{"x":true}"#),
-            Err(Miss::WrongType("a boolean"))
-        );
+        assert_eq!(get("/x", r#"{"x":true}"#), Err(Miss::WrongType("a boolean")));
         assert_eq!(get("/x", r#"{"x":null}"#), Err(Miss::WrongType("null")));
         assert_eq!(get("/x", r#"{"x":{}}"#), Err(Miss::WrongType("an object")));
         assert_eq!(get("/x", r#"{"x":[1]}"#), Err(Miss::WrongType("an array")));
@@ -244,9 +227,6 @@ mod tests {
     fn pointer_syntax() {
         assert!(Pointer::parse("msgId").is_err());
         assert!(Pointer::parse("/a~2").is_err());
-        assert_eq!(
-            Pointer::parse("/a~1b").expect("ok"),
-            Pointer(vec!["a/b".into()])
-        );
+        assert_eq!(Pointer::parse("/a~1b").expect("ok"), Pointer(vec!["a/b".into()]));
     }
 }

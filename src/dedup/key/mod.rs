@@ -6,7 +6,9 @@
 mod json;
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
 
 use http::HeaderName;
 use sha2::{Digest, Sha256};
@@ -78,9 +80,7 @@ impl Source {
         } else if let Some(name) = text.strip_prefix("form:") {
             named(name, "form field").map(Source::Form)
         } else if text.starts_with("xml:") {
-            Err(format!(
-                "{text:?}: xml: sources are not supported by this build yet"
-            ))
+            Err(format!("{text:?}: xml: sources are not supported by this build yet"))
         } else {
             Err(format!(
                 "unknown source {text:?} (expected json:, xml:, header:, query:, form:, body)"
@@ -114,11 +114,7 @@ impl Source {
 }
 
 fn non_empty(value: Cow<'_, str>) -> Result<Cow<'_, str>, Miss> {
-    if value.is_empty() {
-        Err(Miss::Empty)
-    } else {
-        Ok(value)
-    }
+    if value.is_empty() { Err(Miss::Empty) } else { Ok(value) }
 }
 
 /// The first `name=value` pair of a urlencoded string; `+` and `%xx` decoded.
@@ -135,10 +131,7 @@ fn is_form(head: &http::request::Parts) -> bool {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .is_some_and(|mime| {
-            mime.trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
 }
 
 /// One entry of a route's `key` list: a source, or `a+b` parts that must all be present.
@@ -150,10 +143,7 @@ pub struct Alternative {
 
 impl Alternative {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let parts = text
-            .split('+')
-            .map(Source::parse)
-            .collect::<Result<Vec<_>, _>>()?;
+        let parts = text.split('+').map(Source::parse).collect::<Result<Vec<_>, _>>()?;
         Ok(Alternative {
             text: text.to_owned(),
             parts,
@@ -204,9 +194,7 @@ impl KeySpec {
         for alt in &self.0 {
             match alt.derive(input) {
                 Ok(value) => return (Some((alt.text(), value)), misses),
-                Err((i, miss)) if alt.parts.len() > 1 => {
-                    misses.push(format!("{}: part {} {miss}", alt.text, i + 1))
-                }
+                Err((i, miss)) if alt.parts.len() > 1 => misses.push(format!("{}: part {} {miss}", alt.text, i + 1)),
                 Err((_, miss)) => misses.push(format!("{}: {miss}", alt.text)),
             }
         }
@@ -220,23 +208,33 @@ const MAX_PLAIN_LEN: usize = 128;
 /// `<prefix><route>:<value>`, with the value replaced by `sha256:<hex>` when it is long
 /// or holds bytes a store key should not (space, control, non-ASCII, or `{`/`}` which
 /// would let a sender choose a Redis Cluster slot).
-pub fn stored_key(prefix: &str, route: &str, value: &str) -> String {
+///
+/// Built in a reused per-thread buffer and returned shared: one allocation per request,
+/// and the owner task, the store and the log line all use the same key.
+pub fn stored_key(prefix: &str, route: &str, value: &str) -> Arc<str> {
+    thread_local! {
+        static BUF: RefCell<String> = const { RefCell::new(String::new()) };
+    }
     let plain = value.len() <= MAX_PLAIN_LEN
         && value
             .bytes()
             .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
-    let value_len = if plain { value.len() } else { 7 + 64 };
-    let mut key = String::with_capacity(prefix.len() + route.len() + 1 + value_len);
-    key.push_str(prefix);
-    key.push_str(route);
-    key.push(':');
-    if plain {
-        key.push_str(value);
-    } else {
-        key.push_str("sha256:");
-        key.push_str(&hex::encode(Sha256::digest(value.as_bytes())));
-    }
-    key
+    BUF.with_borrow_mut(|key| {
+        key.clear();
+        key.push_str(prefix);
+        key.push_str(route);
+        key.push(':');
+        if plain {
+            key.push_str(value);
+        } else {
+            let mut hex = [0u8; 64];
+            // 32 digest bytes always fit 64 hex digits.
+            let _ = hex::encode_to_slice(Sha256::digest(value.as_bytes()), &mut hex);
+            key.push_str("sha256:");
+            key.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+        }
+        Arc::from(key.as_str())
+    })
 }
 
 #[cfg(test)]
@@ -252,12 +250,7 @@ mod tests {
     }
 
     fn spec(sources: &[&str]) -> KeySpec {
-        KeySpec::new(
-            sources
-                .iter()
-                .map(|s| Alternative::parse(s).expect("source"))
-                .collect(),
-        )
+        KeySpec::new(sources.iter().map(|s| Alternative::parse(s).expect("source")).collect())
     }
 
     #[test]
@@ -283,10 +276,7 @@ mod tests {
             "/hook?msg_id=q%201&x=2",
             &[
                 ("x-github-delivery", "gh-1"),
-                (
-                    "content-type",
-                    "application/x-www-form-urlencoded; charset=utf-8",
-                ),
+                ("content-type", "application/x-www-form-urlencoded; charset=utf-8"),
             ],
         );
         let body = b"msg_id=f+1&CreateTime=170";
@@ -295,15 +285,9 @@ mod tests {
             spec(&["header:X-GitHub-Delivery"]).derive(input).as_deref(),
             Some("gh-1")
         );
-        assert_eq!(
-            spec(&["query:msg_id"]).derive(input).as_deref(),
-            Some("q 1")
-        );
+        assert_eq!(spec(&["query:msg_id"]).derive(input).as_deref(), Some("q 1"));
         assert_eq!(spec(&["form:msg_id"]).derive(input).as_deref(), Some("f 1"));
-        assert_eq!(
-            spec(&["form:msg_id+query:x"]).derive(input).as_deref(),
-            Some("f 1+2")
-        );
+        assert_eq!(spec(&["form:msg_id+query:x"]).derive(input).as_deref(), Some("f 1+2"));
         assert_eq!(spec(&["form:msg_id+query:nope"]).derive(input), None);
         let digest = spec(&["body"]).derive(input).expect("digest");
         assert_eq!(digest.len(), 64);
@@ -321,13 +305,7 @@ mod tests {
             spec(&["form:msg_id"]).explain(input).1,
             vec!["form:msg_id: body is not application/x-www-form-urlencoded"]
         );
-        assert_eq!(
-            spec(&["body"]).derive(Input {
-                head: &h,
-                body: b""
-            }),
-            None
-        );
+        assert_eq!(spec(&["body"]).derive(Input { head: &h, body: b"" }), None);
     }
 
     #[test]
@@ -342,23 +320,14 @@ mod tests {
 
     #[test]
     fn stored_keys_hash_what_a_sender_could_abuse() {
-        assert_eq!(stored_key("dedup:", "bot", "m1"), "dedup:bot:m1");
-        let hashed = |v: &str| {
-            format!(
-                "dedup:bot:sha256:{}",
-                hex::encode(Sha256::digest(v.as_bytes()))
-            )
-        };
+        assert_eq!(&*stored_key("dedup:", "bot", "m1"), "dedup:bot:m1");
+        let hashed = |v: &str| format!("dedup:bot:sha256:{}", hex::encode(Sha256::digest(v.as_bytes())));
         for value in ["a b", "{slot}x", "é", &"x".repeat(129), "tab\t"] {
-            assert_eq!(
-                stored_key("dedup:", "bot", value),
-                hashed(value),
-                "{value:?}"
-            );
+            assert_eq!(*stored_key("dedup:", "bot", value), *hashed(value), "{value:?}");
         }
         assert_eq!(
-            stored_key("dedup:", "bot", &"x".repeat(128)),
-            format!("dedup:bot:{}", "x".repeat(128))
+            *stored_key("dedup:", "bot", &"x".repeat(128)),
+            *format!("dedup:bot:{}", "x".repeat(128))
         );
     }
 }

@@ -1,0 +1,539 @@
+//! The Redis store behind real gateways: values as redis-cli shows them, TTLs, lost
+//! replies, round trips, outages, readiness, cross-replica waiting and start-up checks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dedup_gateway::store::{Claim, Completion, Store, Token};
+use http::Method;
+
+use crate::process::GatewayProcess;
+use crate::servers::{RedisCluster, RedisServer, SwallowingProxy};
+use crate::store_contract::redis_store;
+use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, eventually, msg, within};
+
+fn redis_cfg(url: &str) -> Cfg {
+    Cfg::new()
+        .store("backend = \"redis\"")
+        .store(&format!("url = \"{url}\""))
+        .store("timeout = \"250ms\"")
+}
+
+#[tokio::test]
+async fn values_are_readable_with_redis_cli() {
+    let server = RedisServer::start().await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()).route("replay = true"), &upstream).await;
+    gw.client().post("/hook", &msg("v1")).await;
+    let raw = server.cli(&["GET", "dedup:bot:v1"]);
+    let value: serde_json::Value = serde_json::from_str(raw.trim()).expect("JSON value");
+    assert_eq!(value["state"], "completed");
+    assert!(value["first_seen_ms"].as_u64().expect("first_seen_ms") > 1_600_000_000_000);
+    assert!(value["completed_ms"].as_u64().expect("completed_ms") >= value["first_seen_ms"].as_u64().expect("ms"));
+    assert_eq!(value["response"]["status"], 200);
+    assert_eq!(value["response"]["body"], r#"{"reply":"ok v1"}"#);
+    assert_eq!(value["response"]["content_type"], "application/json");
+
+    let store = redis_store(server.url()).await;
+    let token = Token::generate();
+    store
+        .claim("dedup:bot:p1", token, 1_700_000_000_000, Duration::from_secs(30))
+        .await
+        .expect("claim");
+    let value: serde_json::Value = serde_json::from_str(server.cli(&["GET", "dedup:bot:p1"]).trim()).expect("JSON");
+    assert_eq!(value["state"], "processing");
+    assert_eq!(value["token"], token.to_string());
+    assert_eq!(value["first_seen_ms"], 1_700_000_000_000u64);
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.cli(&["PTTL", key]).trim().parse().expect("PTTL")
+}
+
+#[tokio::test]
+async fn duplicates_never_refresh_a_ttl_and_markers_expire() {
+    let server = RedisServer::start().await;
+    let store = redis_store(server.url()).await;
+    let owner = Token::generate();
+    store
+        .claim("ttl:k", owner, 1, Duration::from_secs(10))
+        .await
+        .expect("claim");
+    let before = pttl(&server, "ttl:k");
+    assert!(before > 0 && before <= 10_000, "{before}");
+    store
+        .claim("ttl:k", Token::generate(), 2, Duration::from_secs(60))
+        .await
+        .expect("dup claim");
+    assert!(
+        pttl(&server, "ttl:k") <= before,
+        "a duplicate claim must not extend PROCESSING"
+    );
+
+    let completed = Completion {
+        first_seen_ms: 1,
+        ttl: Duration::from_secs(20),
+        response: None,
+    };
+    assert!(store.complete("ttl:k", owner, completed).await.expect("complete"));
+    let done = pttl(&server, "ttl:k");
+    assert!(done > 10_000 && done <= 20_000, "COMPLETED gets completed_ttl: {done}");
+    store
+        .claim("ttl:k", Token::generate(), 3, Duration::from_secs(60))
+        .await
+        .expect("dup claim");
+    assert!(pttl(&server, "ttl:k") <= done);
+
+    store
+        .claim("ttl:short", Token::generate(), 1, Duration::from_millis(200))
+        .await
+        .expect("claim");
+    within("the PROCESSING marker to expire", async {
+        while store.get("ttl:short").await.expect("get").is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        store
+            .claim("ttl:short", Token::generate(), 2, Duration::from_secs(1))
+            .await
+            .expect("claim"),
+        Claim::Claimed
+    );
+}
+
+/// Only the commands the store issues (the readiness PING, INFO and connection setup
+/// are not message costs).
+fn store_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter(|(cmd, _)| matches!(cmd.as_str(), "set" | "get" | "del" | "eval" | "evalsha" | "script|load"))
+        .map(|(cmd, n)| (cmd.clone(), n - before.get(cmd).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_new_message_costs_two_round_trips_and_a_duplicate_one() {
+    let server = RedisServer::start().await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+
+    let before = server.command_calls();
+    assert_eq!(client.post("/hook", &msg("rt1")).await.dedup(), "forwarded");
+    let after = server.command_calls();
+    // Round trips: SET NX GET (claim) and EVALSHA (complete). Redis also counts the
+    // GET and SET the script runs inside, without a round trip.
+    let expected: BTreeMap<String, u64> = [("evalsha", 1), ("get", 1), ("set", 2)]
+        .into_iter()
+        .map(|(c, n)| (c.to_owned(), n))
+        .collect();
+    assert_eq!(store_commands(&before, &after), expected);
+
+    let before = server.command_calls();
+    assert_eq!(client.post("/hook", &msg("rt1")).await.dedup(), "duplicate");
+    let after = server.command_calls();
+    let expected: BTreeMap<String, u64> = [("set".to_owned(), 1)].into_iter().collect();
+    assert_eq!(
+        store_commands(&before, &after),
+        expected,
+        "a duplicate is one SET NX GET"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_whose_reply_is_lost_still_forwards_exactly_once() {
+    let server = RedisServer::start().await;
+    let proxy = SwallowingProxy::start(server.addr()).await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&proxy.url()), &upstream).await;
+    let client = gw.client();
+    proxy.arm();
+    let r = client.post("/hook", &msg("lost")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (200, "forwarded"), "{r:?}");
+    assert_eq!(
+        proxy.swallowed.load(Ordering::SeqCst),
+        1,
+        "the claim's reply was really dropped"
+    );
+    assert_eq!(upstream.count(), 1);
+    assert_eq!(client.post("/hook", &msg("lost")).await.dedup(), "duplicate");
+    assert_eq!(upstream.count(), 1);
+    assert_eq!(gw.metric(r#"dedup_store_errors_total{op="claim"}"#), 1.0);
+}
+
+#[tokio::test]
+async fn readiness_follows_redis_and_recovers_by_itself() {
+    let mut server = RedisServer::start().await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    let ready = |admin: Client| async move { admin.send(Method::GET, "/readyz", &[], "").await.status.as_u16() };
+    assert_eq!(ready(admin.clone()).await, 200);
+    server.kill();
+    wait_ready(&admin, 503).await;
+    let r = gw.client().post("/hook", &msg("down")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (503, "store-unavailable"));
+    assert_eq!(r.headers["retry-after"], "1");
+    server.restart().await;
+    wait_ready(&admin, 200).await;
+    assert_eq!(gw.client().post("/hook", &msg("down")).await.dedup(), "forwarded");
+}
+
+async fn wait_ready(admin: &Client, status: u16) {
+    within(&format!("/readyz {status}"), async {
+        while admin.send(Method::GET, "/readyz", &[], "").await.status.as_u16() != status {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replicas_wait_for_each_other_and_take_over_when_the_owner_fails() {
+    let server = RedisServer::start().await;
+    let gate = Gate::new();
+    let g = gate.clone();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    // First call for each id waits at the gate; "fail-*" ids then fail with 500.
+    let upstream = Upstream::with(move |r| {
+        let g = g.clone();
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let id = r.msg_id().unwrap_or_default();
+            if n < 2 {
+                g.pass().await;
+            }
+            if n < 2 && id.starts_with("fail") {
+                Reply::new(500, "boom")
+            } else {
+                Reply::new(200, format!("bot says {id}"))
+            }
+        }
+    })
+    .await;
+    let cfg = redis_cfg(&server.url())
+        .route("replay = true")
+        .route("in_flight_wait = \"10s\"");
+    let a = TestGateway::start(&cfg, &upstream).await;
+    let b = TestGateway::start(&cfg, &upstream).await;
+
+    let (ca, cb) = (a.client(), b.client());
+    let owner_ok = tokio::spawn(async move { ca.post("/hook", &msg("ok-1")).await });
+    upstream.wait_for(1).await;
+    let ca = a.client();
+    let owner_fail = tokio::spawn(async move { ca.post("/hook", &msg("fail-1")).await });
+    upstream.wait_for(2).await;
+    let cb2 = cb.clone();
+    let waiter_ok = tokio::spawn(async move { cb2.post("/hook", &msg("ok-1")).await });
+    let waiter_fail = tokio::spawn(async move { cb.post("/hook", &msg("fail-1")).await });
+    eventually("both duplicates to reach replica B", || {
+        b.metric(r#"dedup_duplicate_age_seconds_count{route="bot"}"#) >= 2.0
+    })
+    .await;
+    gate.open(2);
+
+    let (o1, o2) = (owner_ok.await.expect("o1"), owner_fail.await.expect("o2"));
+    assert_eq!((o1.dedup(), o1.body.as_str()), ("forwarded", "bot says ok-1"));
+    assert_eq!((o2.status.as_u16(), o2.dedup()), (500, "forwarded"));
+    let w1 = within("waiter 1", waiter_ok).await.expect("w1");
+    assert_eq!(
+        (w1.dedup(), w1.body.as_str()),
+        ("replayed", "bot says ok-1"),
+        "B answers with A's bot reply"
+    );
+    let w2 = within("waiter 2", waiter_fail).await.expect("w2");
+    assert_eq!(
+        (w2.status.as_u16(), w2.dedup(), w2.body.as_str()),
+        (200, "forwarded", "bot says fail-1"),
+        "B took over"
+    );
+    let ids: Vec<String> = upstream.received().iter().filter_map(|r| r.msg_id()).collect();
+    assert_eq!(ids.iter().filter(|i| *i == "ok-1").count(), 1);
+    assert_eq!(
+        ids.iter().filter(|i| *i == "fail-1").count(),
+        2,
+        "delivered again only because the first failed"
+    );
+}
+
+/// A xorshift shuffle: reproducible, no extra dependency.
+pub fn shuffle<T>(items: &mut [T], mut seed: u64) {
+    for i in (1..items.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        items.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+}
+
+/// Sends `copies` of each id, shuffled, across the gateways with `parallel` requests in
+/// flight; returns the answers' `x-dedup-status` counts.
+pub async fn spray(gateways: &[Client], ids: usize, copies: usize, parallel: usize) -> HashMap<String, usize> {
+    let mut work: Vec<(usize, usize)> = (0..ids).flat_map(|id| (0..copies).map(move |c| (id, c))).collect();
+    shuffle(&mut work, 0x9E37_79B9_7F4A_7C15);
+    let work = Arc::new(std::sync::Mutex::new(work));
+    let mut workers = Vec::new();
+    for w in 0..parallel {
+        let work = Arc::clone(&work);
+        let gateways = gateways.to_vec();
+        workers.push(tokio::spawn(async move {
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            let mut n = w;
+            loop {
+                let Some((id, _)) = work.lock().expect("work").pop() else {
+                    return seen;
+                };
+                let client = &gateways[n % gateways.len()];
+                n += 1;
+                let r = client.post("/hook", &msg(&format!("id-{id}"))).await;
+                assert_eq!(r.status, 200, "{r:?}");
+                *seen.entry(r.dedup().to_owned()).or_default() += 1;
+            }
+        }));
+    }
+    let mut total: HashMap<String, usize> = HashMap::new();
+    for w in workers {
+        for (k, v) in within("the spray to finish", w).await.expect("worker") {
+            *total.entry(k).or_default() += v;
+        }
+    }
+    total
+}
+
+pub fn assert_each_delivered_once(upstream: &Upstream, ids: usize) {
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for r in upstream.received() {
+        *per_id.entry(r.msg_id().expect("id")).or_default() += 1;
+    }
+    assert_eq!(per_id.len(), ids, "every id delivered");
+    let twice: Vec<_> = per_id.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+}
+
+pub async fn slightly_slow_upstream() -> Upstream {
+    Upstream::with(|r| async move {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        Reply::new(200, r.msg_id().unwrap_or_default())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn three_gateway_processes_sharing_one_redis_deliver_each_id_once() {
+    let server = RedisServer::start().await;
+    let upstream = slightly_slow_upstream().await;
+    let cfg = redis_cfg(&server.url()).route("in_flight_wait = \"10s\"");
+    let mut clients = Vec::new();
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        let p = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+        clients.push(Client::http1(p.addr));
+        processes.push(p);
+    }
+    let outcomes = spray(&clients, 3000, 4, 96).await;
+    assert_each_delivered_once(&upstream, 3000);
+    assert_eq!(outcomes.get("forwarded"), Some(&3000), "{outcomes:?}");
+    assert_eq!(outcomes.values().sum::<usize>(), 12_000);
+}
+
+#[tokio::test]
+async fn refuses_to_start_without_redis_and_warns_about_evicting_redis() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("redis://{}/0", dead.local_addr().expect("addr"));
+    drop(dead);
+    let cfg = crate::process::TempFile::new("g.toml", &redis_cfg(&url).toml("http://127.0.0.1:9"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-gateway"))
+        .arg("--config")
+        .arg(&cfg.0)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("store"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]).await;
+    let p = GatewayProcess::start(&redis_cfg(&server.url()).toml("http://127.0.0.1:9")).await;
+    let logs = p.logs.lock().expect("logs").join("\n");
+    assert!(logs.contains("maxmemory-policy is not noeviction"), "{logs}");
+}
+
+#[tokio::test]
+async fn gateways_on_a_redis_cluster_deliver_each_id_once_with_keys_on_every_node() {
+    let cluster = RedisCluster::start().await;
+    let upstream = slightly_slow_upstream().await;
+    let cfg = Cfg::new()
+        .store("backend = \"redis\"")
+        .store(&cluster.seeds_toml())
+        .route("in_flight_wait = \"10s\"");
+    let mut clients = Vec::new();
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        let p = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+        clients.push(Client::http1(p.addr));
+        processes.push(p);
+    }
+    let outcomes = spray(&clients, 3000, 4, 96).await;
+    assert_each_delivered_once(&upstream, 3000);
+    assert_eq!(outcomes.get("forwarded"), Some(&3000), "{outcomes:?}");
+    for node in &cluster.nodes {
+        let keys: u64 = node.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
+        assert!(keys > 500, "node {} holds only {keys} keys", node.port);
+    }
+}
+
+#[tokio::test]
+async fn a_redis_outage_is_answered_503_and_loses_nothing() {
+    // appendfsync always: markers written before the crash survive it.
+    let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+    let upstream = slightly_slow_upstream().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+
+    const IDS: usize = 400;
+    // 0 = Redis up, 1 = killed, 2 = restarted.
+    let phase = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..16 {
+        let (client, phase, answers, next) = (
+            client.clone(),
+            Arc::clone(&phase),
+            Arc::clone(&answers),
+            Arc::clone(&next),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let id = next.fetch_add(1, Ordering::SeqCst);
+                if id >= IDS {
+                    return;
+                }
+                // A webhook sender: retry until the gateway says 2xx.
+                loop {
+                    let sent_in = phase.load(Ordering::SeqCst);
+                    let r = client.post("/hook", &msg(&format!("o-{id}"))).await;
+                    let answered_in = phase.load(Ordering::SeqCst);
+                    let ok = r.status.is_success();
+                    answers.lock().expect("answers").push((
+                        sent_in,
+                        answered_in,
+                        id,
+                        r.status.as_u16(),
+                        r.dedup().to_owned(),
+                    ));
+                    if ok {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    upstream.wait_for(100).await;
+    server.kill();
+    phase.store(1, Ordering::SeqCst);
+    eventually("answers during the outage", || {
+        answers
+            .lock()
+            .expect("answers")
+            .iter()
+            .filter(|a| a.0 == 1 && a.1 == 1)
+            .count()
+            >= 50
+    })
+    .await;
+    server.restart().await;
+    phase.store(2, Ordering::SeqCst);
+    for s in senders {
+        within("the senders to finish", s).await.expect("sender");
+    }
+
+    let answers = answers.lock().expect("answers");
+    let during: Vec<_> = answers.iter().filter(|a| a.0 == 1 && a.1 == 1).collect();
+    assert!(during.len() >= 50);
+    for (_, _, id, status, dedup) in &during {
+        assert_eq!((*status, dedup.as_str()), (503, "store-unavailable"), "id {id}");
+    }
+    let delivered: std::collections::HashSet<String> = upstream.received().iter().filter_map(|r| r.msg_id()).collect();
+    for (_, _, id, status, dedup) in answers.iter().filter(|a| (200..300).contains(&a.3)) {
+        assert!(
+            delivered.contains(&format!("o-{id}")),
+            "id {id} answered {status} {dedup} but never delivered"
+        );
+    }
+    assert_each_delivered_once(&upstream, IDS);
+}
+
+#[tokio::test]
+async fn the_sender_gets_the_bots_answer_even_when_completing_fails() {
+    let mut server = RedisServer::start().await;
+    let gate = Gate::new();
+    let g = gate.clone();
+    let upstream = Upstream::with(move |_| {
+        let g = g.clone();
+        async move {
+            g.pass().await;
+            Reply::new(200, "the bot's reply")
+        }
+    })
+    .await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+    let sender = tokio::spawn(async move { client.post("/hook", &msg("cf")).await });
+    upstream.wait_for(1).await;
+    server.kill(); // claimed, forwarded; now the store is gone before the complete
+    gate.open(1);
+    let r = within("the answer", sender).await.expect("sender");
+    assert_eq!(
+        (r.status.as_u16(), r.dedup(), r.body.as_str()),
+        (200, "forwarded", "the bot's reply")
+    );
+    assert!(gw.metric(r#"dedup_store_errors_total{op="complete"}"#) >= 1.0);
+}
+
+#[tokio::test]
+async fn rediss_urls_speak_tls() {
+    let tmp = crate::process::TempFile::new("tls.marker", "");
+    let dir = tmp.0.parent().expect("dir");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian package openssl)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let tls_port = crate::servers::free_port().to_string();
+    let (cert, key) = (cert.to_str().expect("path"), key.to_str().expect("path"));
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        cert,
+        "--tls-key-file",
+        key,
+        "--tls-ca-cert-file",
+        cert,
+        "--tls-auth-clients",
+        "no",
+    ])
+    .await;
+    let upstream = Upstream::ok().await;
+    // The certificate is self-signed: `#insecure` skips verification (for tests only).
+    let url = format!("rediss://127.0.0.1:{tls_port}/0#insecure");
+    let gw = TestGateway::start(&redis_cfg(&url), &upstream).await;
+    assert_eq!(gw.client().post("/hook", &msg("tls")).await.dedup(), "forwarded");
+    assert_eq!(gw.client().post("/hook", &msg("tls")).await.dedup(), "duplicate");
+    assert!(server.cli(&["GET", "dedup:bot:tls"]).contains("\"state\":\"completed\""));
+}

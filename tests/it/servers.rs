@@ -1,0 +1,288 @@
+//! Real Redis for the store tests: a `redis-server` per test on a free port, a 3-node
+//! Redis Cluster, and a TCP proxy that can swallow a reply. A missing `redis-server`
+//! fails the test with the install command; it never skips.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::process::TempFile;
+use crate::support::within;
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        found,
+        "{binary} not found: the store tests need a real Redis. Install it with \
+         `sudo apt-get install -y redis-server redis-tools` (or run .ci/test, which does)"
+    );
+}
+
+/// A free TCP port on loopback whose cluster bus port (+10000) is free too.
+pub fn free_port() -> u16 {
+    loop {
+        let l = StdListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        if port < 55000 && StdListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// One `redis-server` process with its own directory.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: TempFile,
+    args: Vec<String>,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts with extra `redis-server` arguments, e.g. `["--appendonly", "yes"]`.
+    pub async fn start_with(args: &[&str]) -> Self {
+        require("redis-server");
+        require("redis-cli");
+        let dir = TempFile::new("redis.marker", "");
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn().await {
+                return server;
+            }
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.dir.0.parent().expect("dir").to_path_buf()
+    }
+
+    async fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"])
+            .arg("--dir")
+            .arg(self.dir())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        for _ in 0..500 {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait().expect("try_wait").is_some()
+            {
+                return false; // the port was taken after all
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// SIGKILL: the crash case (no shutdown, no final save).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port and directory (an AOF, if enabled, is reloaded).
+    pub async fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn().await {
+                return;
+            }
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    /// `INFO commandstats` as command -> calls.
+    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("cmdstat_")?;
+                let (cmd, stats) = rest.split_once(':')?;
+                let calls = stats.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+                Some((cmd.to_owned(), calls))
+            })
+            .collect()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A 3-node Redis Cluster (three primaries, no replicas).
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub async fn start() -> Self {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(
+                RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]).await,
+            );
+        }
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        within("the cluster to agree on its slots", async {
+            while !cluster
+                .nodes
+                .iter()
+                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        cluster
+    }
+
+    /// `cluster = [...]` for gateway.toml.
+    pub fn seeds_toml(&self) -> String {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("\"redis://127.0.0.1:{}\"", n.port))
+            .collect();
+        format!("cluster = [{}]", urls.join(", "))
+    }
+}
+
+/// A TCP proxy in front of Redis that can swallow the reply to the next claim
+/// (`SET ... NX`), as a broken network would: the request lands, the answer is lost.
+pub struct SwallowingProxy {
+    pub addr: SocketAddr,
+    armed: Arc<AtomicBool>,
+    pub swallowed: Arc<AtomicUsize>,
+}
+
+impl SwallowingProxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let armed = Arc::new(AtomicBool::new(false));
+        let swallowed = Arc::new(AtomicUsize::new(0));
+        let (a, s) = (Arc::clone(&armed), Arc::clone(&swallowed));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                tokio::spawn(pipe(client, server, Arc::clone(&a), Arc::clone(&s)));
+            }
+        });
+        SwallowingProxy { addr, armed, swallowed }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/0", self.addr)
+    }
+
+    /// The next claim's reply will be dropped.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, swallowed: Arc<AtomicUsize>) {
+    let (mut client_r, mut client_w) = client.into_split();
+    let (mut server_r, mut server_w) = server.into_split();
+    let drop_next = Arc::new(AtomicBool::new(false));
+    let d = Arc::clone(&drop_next);
+    let upward = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match client_r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let is_claim = chunk.windows(3).any(|w| w == b"SET") && chunk.windows(2).any(|w| w == b"NX");
+            if is_claim && armed.swap(false, Ordering::SeqCst) {
+                d.store(true, Ordering::SeqCst);
+            }
+            if server_w.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let downward = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match server_r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if drop_next.swap(false, Ordering::SeqCst) {
+                swallowed.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            if client_w.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::join!(upward, downward);
+}

@@ -1,0 +1,135 @@
+//! The `Store` contract, run against every backend: the state machine may rely on
+//! exactly this and nothing more.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use dedup_gateway::config::RedisTarget;
+use dedup_gateway::store::{Claim, Completion, Marker, MemoryStore, RedisStore, Store, StoredResponse, Token};
+use http::{HeaderValue, StatusCode};
+
+use crate::servers::{RedisCluster, RedisServer};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn completion(response: Option<StoredResponse>) -> Completion {
+    Completion {
+        first_seen_ms: 1_700_000_000_000,
+        ttl: TTL,
+        response,
+    }
+}
+
+fn holder(found: Claim) -> Option<Token> {
+    match found {
+        Claim::Found(Marker::Processing { token, .. }) => Some(token),
+        _ => None,
+    }
+}
+
+/// Claim, compare-and-set complete, compare-and-delete release, reads.
+pub async fn contract(store: &impl Store, ns: &str) {
+    let key = |k: &str| format!("contract:{ns}:{k}");
+    let (a, b) = (Token::generate(), Token::generate());
+
+    assert_eq!(store.get(&key("k")).await.expect("get"), None);
+    assert_eq!(
+        store.claim(&key("k"), a, 1_700_000_000_000, TTL).await.expect("claim"),
+        Claim::Claimed
+    );
+    assert_eq!(holder(store.claim(&key("k"), b, 2, TTL).await.expect("claim")), Some(a));
+    assert!(
+        !store.release(&key("k"), b).await.expect("release"),
+        "a stranger cannot release"
+    );
+    assert!(
+        !store.complete(&key("k"), b, completion(None)).await.expect("complete"),
+        "nor complete"
+    );
+    assert_eq!(
+        holder(store.claim(&key("k"), b, 2, TTL).await.expect("claim")),
+        Some(a),
+        "untouched"
+    );
+
+    let reply = StoredResponse {
+        status: StatusCode::ACCEPTED,
+        content_type: Some(HeaderValue::from_static("application/json")),
+        body: Bytes::from_static(b"{\"reply\":\"hi\"}"),
+    };
+    assert!(
+        store
+            .complete(&key("k"), a, completion(Some(reply.clone())))
+            .await
+            .expect("complete")
+    );
+    assert!(
+        !store.release(&key("k"), a).await.expect("release"),
+        "COMPLETED is not released"
+    );
+    match store.claim(&key("k"), b, 3, TTL).await.expect("claim") {
+        Claim::Found(Marker::Completed {
+            first_seen_ms,
+            response,
+        }) => {
+            assert_eq!(first_seen_ms, 1_700_000_000_000, "first sighting survives completion");
+            assert_eq!(response.as_deref(), Some(&reply));
+        }
+        other => panic!("expected COMPLETED, got {other:?}"),
+    }
+
+    // A stale owner (its claim was released and taken over) can touch nothing.
+    assert_eq!(store.claim(&key("s"), a, 1, TTL).await.expect("claim"), Claim::Claimed);
+    assert!(store.release(&key("s"), a).await.expect("release"));
+    assert_eq!(store.claim(&key("s"), b, 2, TTL).await.expect("claim"), Claim::Claimed);
+    assert!(!store.complete(&key("s"), a, completion(None)).await.expect("complete"));
+    assert!(!store.release(&key("s"), a).await.expect("release"));
+    assert_eq!(holder(store.claim(&key("s"), a, 3, TTL).await.expect("claim")), Some(b));
+    assert!(store.complete(&key("s"), b, completion(None)).await.expect("complete"));
+
+    // Claiming again with one's own token shows the marker as one's own: that is how a
+    // lost claim reply is resolved.
+    assert_eq!(
+        store.claim(&key("own"), a, 1, TTL).await.expect("claim"),
+        Claim::Claimed
+    );
+    assert_eq!(
+        holder(store.claim(&key("own"), a, 1, TTL).await.expect("claim")),
+        Some(a)
+    );
+    store.ping().await.expect("ping");
+}
+
+pub async fn redis_store(url: String) -> RedisStore {
+    RedisStore::connect(&RedisTarget::Standalone(url), 4, Duration::from_millis(500))
+        .await
+        .expect("connect to redis")
+}
+
+#[tokio::test]
+async fn memory_store_keeps_the_contract() {
+    contract(&MemoryStore::new(100), "memory").await;
+}
+
+#[tokio::test]
+async fn redis_store_keeps_the_contract() {
+    let server = RedisServer::start().await;
+    contract(&redis_store(server.url()).await, "redis").await;
+}
+
+#[tokio::test]
+async fn redis_cluster_store_keeps_the_contract() {
+    let cluster = RedisCluster::start().await;
+    let seeds = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://127.0.0.1:{}", n.port))
+        .collect();
+    let store = RedisStore::connect(&RedisTarget::Cluster(seeds), 4, Duration::from_millis(500))
+        .await
+        .expect("connect to cluster");
+    // Keys in different slots, so more than one node answers.
+    for ns in ["a", "b", "c", "d", "e", "f"] {
+        contract(&store, ns).await;
+    }
+}

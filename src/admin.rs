@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz` and `/livez` (the process runs), `/readyz` (config
-//! loaded, store answering, not draining) and `/metrics` (Prometheus text).
+//! loaded, store answering, not draining), `/metrics` (Prometheus text) and
+//! `POST /reload` (re-read the config file, as SIGHUP does).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use tokio::net::TcpListener;
 
 use crate::body::Body;
 use crate::gateway::Gateway;
+use crate::reload::Reloader;
 use crate::store::Store;
 
 /// Serves the admin endpoints until the process exits (so `/readyz` can report the drain).
@@ -32,7 +34,7 @@ pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
             tokio::spawn(async move {
                 let service = service_fn(move |req| {
                     let gw = Arc::clone(&gw);
-                    async move { Ok::<_, Infallible>(respond(&gw, &req)) }
+                    async move { Ok::<_, Infallible>(respond(gw, req).await) }
                 });
                 let _ = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -44,15 +46,13 @@ pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
     });
 }
 
-fn respond(gw: &Gateway, req: &Request<Incoming>) -> Response<Body> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
-    }
-    match req.uri().path() {
-        "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if gw.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
-        "/metrics" => {
+async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let read = req.method() == Method::GET || req.method() == Method::HEAD;
+    match (req.uri().path(), read) {
+        ("/healthz" | "/livez", true) => text(StatusCode::OK, "ok\n"),
+        ("/readyz", true) if gw.is_ready() => text(StatusCode::OK, "ready\n"),
+        ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        ("/metrics", true) => {
             let mut response = Response::new(Body::full(gw.metrics.render(gw.store.entries())));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -60,11 +60,37 @@ fn respond(gw: &Gateway, req: &Request<Incoming>) -> Response<Body> {
             );
             response
         }
+        ("/reload", false) if req.method() == Method::POST => reload(gw).await,
+        ("/healthz" | "/livez" | "/readyz" | "/metrics", false) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
+        ("/reload", _) => text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+async fn reload(gw: Arc<Gateway>) -> Response<Body> {
+    let Some(reloader) = gw.reloader.get().map(Arc::clone) else {
+        return text(StatusCode::NOT_FOUND, "not started from a config file\n");
+    };
+    match Reloader::reload_blocking(reloader, gw).await {
+        Ok(done) if done.needs_restart.is_empty() => {
+            text(StatusCode::OK, format!("reloaded {} route(s)\n", done.routes))
+        }
+        Ok(done) => text(
+            StatusCode::OK,
+            format!(
+                "reloaded {} route(s); changes to [{}] take effect after a restart\n",
+                done.routes,
+                done.needs_restart.join("], [")
+            ),
+        ),
+        Err(problems) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reload failed, nothing changed: {problems}\n"),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<Body> {
     let mut response = Response::new(Body::full(body));
     *response.status_mut() = status;
     response.headers_mut().insert(

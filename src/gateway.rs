@@ -1,8 +1,8 @@
 //! The shared state of a running gateway: routes (swappable on reload), store,
 //! upstream client, metrics, and the bookkeeping shutdown needs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::dedup::policy::OnStoreError;
 use crate::metrics::{Metrics, StoreOp};
 use crate::proxy::Upstream;
+use crate::reload::Reloader;
 use crate::routing::Routes;
 use crate::store::{AnyStore, Store, unix_ms};
 
@@ -30,6 +31,8 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
     pub abandon: CancellationToken,
+    /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
+    pub reloader: OnceLock<Arc<Reloader>>,
     draining: AtomicBool,
     /// When the store last answered a ping (Unix ms); 0 = never.
     store_ok_ms: AtomicU64,
@@ -56,6 +59,7 @@ impl Gateway {
             store_timeout: config.store.timeout,
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
+            reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
             store_ok_ms: AtomicU64::new(0),
         })

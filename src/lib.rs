@@ -16,7 +16,8 @@
 //! - [`error`]: request-ending errors and their one mapping to an answer.
 //! - [`outcome`]: how a request ended (`x-dedup-status` and the metric label).
 //! - [`metrics`]: Prometheus metrics; [`admin`]: the admin listener.
-//! - [`gateway`]: the shared state of a running gateway; [`shutdown`]: stop signals.
+//! - [`gateway`]: the shared state of a running gateway; [`shutdown`]: stop signals;
+//!   [`reload`]: SIGHUP / `POST /reload` config reloads.
 
 pub mod admin;
 pub mod body;
@@ -29,6 +30,7 @@ pub mod handler;
 pub mod metrics;
 pub mod outcome;
 pub mod proxy;
+pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod shutdown;

@@ -3,11 +3,13 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use dedup_gateway::config::{Backend, Config, RouteConfig};
 use dedup_gateway::dedup::key::{Input, stored_key};
+use dedup_gateway::reload::Reloader;
 use dedup_gateway::{Gateway, Listeners};
 use tracing_subscriber::EnvFilter;
 
@@ -106,6 +108,9 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", config.server.listen))?;
         let gw = Gateway::new(&config, store);
+        let reloader = Arc::new(Reloader::new(path.to_path_buf(), config.clone()));
+        let _ = gw.reloader.set(Arc::clone(&reloader));
+        reloader.reload_on_sighup(Arc::clone(&gw));
         let admin = listeners.admin.as_ref().and_then(|l| l.local_addr().ok());
         tracing::info!(
             listen = %listeners.proxy_addr()?,

@@ -24,7 +24,7 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Proxy listener (HTTP/1.1 and h2c).
     pub listen: SocketAddr,
@@ -41,7 +41,7 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreConfig {
     pub backend: Backend,
     /// Bound on every store call.

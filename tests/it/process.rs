@@ -191,7 +191,7 @@ pub struct GatewayProcess {
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
     pub logs: Arc<Mutex<Vec<String>>>,
-    _config: TempFile,
+    pub config: TempFile,
 }
 
 impl GatewayProcess {
@@ -228,7 +228,7 @@ impl GatewayProcess {
             addr: parse(&serving["listen"]).expect("listen address in the log"),
             admin: parse(&serving["admin"]),
             logs,
-            _config: config,
+            config,
         }
     }
 

@@ -506,7 +506,17 @@ async fn rediss_urls_speak_tls() {
     let dir = tmp.0.parent().expect("dir");
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
         .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
         .arg(&key)
         .arg("-out")
@@ -535,5 +545,9 @@ async fn rediss_urls_speak_tls() {
     let gw = TestGateway::start(&redis_cfg(&url), &upstream).await;
     assert_eq!(gw.client().post("/hook", &msg("tls")).await.dedup(), "forwarded");
     assert_eq!(gw.client().post("/hook", &msg("tls")).await.dedup(), "duplicate");
-    assert!(server.cli(&["GET", "dedup:bot:tls"]).contains("\"state\":\"completed\""));
+    assert!(
+        server
+            .cli(&["GET", "dedup:bot:tls"])
+            .contains("\"state\":\"completed\"")
+    );
 }

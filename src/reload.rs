@@ -1,0 +1,95 @@
+//! Configuration reload (SIGHUP, or `POST /reload` on the admin listener): re-read the
+//! file, validate it, and swap the routes in atomically. A bad file changes nothing.
+//!
+//! Routes are what reloads; `[server]` and `[store]` hold sockets and connections, so
+//! changes there wait for a restart (and are reported as such).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crate::config::{Config, ConfigError};
+use crate::gateway::Gateway;
+
+/// The file a running gateway was started from, and what of it is in effect.
+pub struct Reloader {
+    path: PathBuf,
+    running: Mutex<Config>,
+}
+
+/// What a successful reload did.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reloaded {
+    pub routes: usize,
+    /// Sections whose changes were not applied (they need a restart).
+    pub needs_restart: Vec<&'static str>,
+}
+
+impl Reloader {
+    pub fn new(path: PathBuf, running: Config) -> Self {
+        Reloader {
+            path,
+            running: Mutex::new(running),
+        }
+    }
+
+    /// Reloads now; on error the running configuration stays. Logs and counts either way.
+    pub fn reload(&self, gw: &Gateway) -> Result<Reloaded, ConfigError> {
+        let result = self.apply(gw);
+        gw.metrics.config_reload(result.is_ok());
+        match &result {
+            Ok(done) if done.needs_restart.is_empty() => {
+                tracing::info!(routes = done.routes, "configuration reloaded")
+            }
+            Ok(done) => tracing::warn!(
+                routes = done.routes,
+                ignored = ?done.needs_restart,
+                "configuration reloaded; changes to these sections take effect after a restart"
+            ),
+            Err(e) => tracing::error!(error = %e, "configuration reload failed; keeping the running configuration"),
+        }
+        result
+    }
+
+    fn apply(&self, gw: &Gateway) -> Result<Reloaded, ConfigError> {
+        let new = Config::load(&self.path)?;
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut needs_restart = Vec::new();
+        if new.server != running.server {
+            needs_restart.push("server");
+        }
+        if new.store != running.store {
+            needs_restart.push("store");
+        }
+        gw.swap_routes(&new);
+        running.routes = new.routes;
+        Ok(Reloaded {
+            routes: running.routes.len(),
+            needs_restart,
+        })
+    }
+
+    /// [`Reloader::reload`] off the async runtime (it reads a file).
+    pub async fn reload_blocking(self: Arc<Self>, gw: Arc<Gateway>) -> Result<Reloaded, String> {
+        tokio::task::spawn_blocking(move || self.reload(&gw).map_err(|e| e.to_string()))
+            .await
+            .unwrap_or_else(|e| Err(format!("reload task failed: {e}")))
+    }
+
+    /// Reloads on every SIGHUP, for as long as the process runs.
+    pub fn reload_on_sighup(self: Arc<Self>, gw: Arc<Gateway>) {
+        #[cfg(unix)]
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut hup = match signal(SignalKind::hangup()) {
+                Ok(hup) => hup,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP; use POST /reload");
+                    return;
+                }
+            };
+            while hup.recv().await.is_some() {
+                let _ = Arc::clone(&self).reload_blocking(Arc::clone(&gw)).await;
+            }
+        });
+    }
+}

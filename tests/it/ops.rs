@@ -1,0 +1,209 @@
+//! Operations: metrics as scraped, config reload, and a drain that gives up cleanly.
+
+use std::time::Duration;
+
+use http::Method;
+
+use crate::process::GatewayProcess;
+use crate::servers::RedisServer;
+use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, metric_value, msg, within};
+
+async fn scrape(admin: &Client) -> String {
+    let r = admin.send(Method::GET, "/metrics", &[], "").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("text/plain")
+    );
+    r.body
+}
+
+#[tokio::test]
+async fn metrics_count_what_was_sent_by_outcome_with_bounded_labels() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let upstream = Upstream::with(move |r| {
+        let g = g.clone();
+        async move {
+            if r.msg_id().as_deref() == Some("slow") {
+                g.pass().await;
+            }
+            Reply::new(200, "ok")
+        }
+    })
+    .await;
+    let cfg = Cfg::new()
+        .server("max_body = \"1KiB\"")
+        .route("on_in_flight = \"conflict\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let client = gw.client();
+    for id in ["a", "b", "c"] {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "forwarded");
+    }
+    for id in ["a", "b"] {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "duplicate");
+    }
+    let c = client.clone();
+    let slow = tokio::spawn(async move { c.post("/hook", &msg("slow")).await });
+    upstream.wait_for(4).await;
+    assert_eq!(client.post("/hook", &msg("slow")).await.dedup(), "in-flight");
+    gate.open(1);
+    assert_eq!(slow.await.expect("slow").dedup(), "forwarded");
+    assert_eq!(client.post("/hook", "{}").await.dedup(), "no-key");
+    assert_eq!(client.post("/hook", &"x".repeat(2048)).await.dedup(), "too-large");
+    assert_eq!(client.send(Method::GET, "/hook", &[], "").await.dedup(), "bypass");
+
+    let text = scrape(&Client::http1(gw.admin.expect("admin"))).await;
+    let count = |outcome: &str| {
+        metric_value(
+            &text,
+            &format!("dedup_requests_total{{route=\"bot\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    let expected = [
+        ("forwarded", 4.0),
+        ("duplicate", 2.0),
+        ("in_flight", 1.0),
+        ("no_key", 1.0),
+        ("too_large", 1.0),
+        ("bypass", 1.0),
+        ("replayed", 0.0),
+        ("store_unavailable", 0.0),
+        ("rejected", 0.0),
+        ("shadow_duplicate", 0.0),
+        ("shadow_in_flight", 0.0),
+    ];
+    for (outcome, n) in expected {
+        assert_eq!(count(outcome), n, "{outcome}");
+    }
+    assert_eq!(
+        metric_value(&text, r#"dedup_upstream_responses_total{route="bot",class="2xx"}"#),
+        6.0
+    );
+    assert_eq!(
+        metric_value(&text, r#"dedup_upstream_duration_seconds_count{route="bot"}"#),
+        6.0
+    );
+    assert_eq!(
+        metric_value(&text, r#"dedup_duplicate_age_seconds_count{route="bot"}"#),
+        3.0
+    );
+    assert_eq!(
+        metric_value(&text, r#"dedup_store_duration_seconds_count{op="claim"}"#),
+        7.0
+    );
+    assert_eq!(metric_value(&text, r#"dedup_store_errors_total{op="claim"}"#), 0.0);
+    assert_eq!(metric_value(&text, "dedup_store_entries"), 4.0);
+    let version = format!("dedup_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(metric_value(&text, &version), 1.0);
+    // Sub-millisecond buckets for store calls.
+    assert!(
+        text.contains(r#"dedup_store_duration_seconds_bucket{le="0.0001",op="claim"}"#),
+        "{text}"
+    );
+    // Labels are bounded: never a key, an id or a path.
+    for leak in ["slow", "/hook", "dedup:bot"] {
+        assert!(!text.contains(leak), "{leak} leaked into /metrics");
+    }
+}
+
+fn with_second_route(cfg: &Cfg, upstream: &str) -> String {
+    let mut toml = cfg.toml(upstream);
+    toml.push_str(&format!(
+        "\n[[routes]]\nname = \"new\"\npath = \"/new\"\nupstream = \"{upstream}\"\nkey = [\"json:/msgId\"]\n"
+    ));
+    toml
+}
+
+async fn reloads(admin: &Client, result: &str) -> f64 {
+    metric_value(
+        &scrape(admin).await,
+        &format!("dedup_config_reloads_total{{result=\"{result}\"}}"),
+    )
+}
+
+#[tokio::test]
+async fn sighup_and_post_reload_swap_routes_and_a_broken_file_changes_nothing() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new();
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let client = Client::http1(gw.addr);
+    let admin = Client::http1(gw.admin.expect("admin"));
+    assert_eq!(client.post("/new", &msg("n1")).await.status, 404);
+
+    // A broken file: counted, logged, and the running routes keep serving.
+    std::fs::write(&gw.config.0, "[[routes]]\nname = \"new\"\nbogus = 1\n").expect("write");
+    gw.signal("HUP");
+    within("the failed reload to be counted", async {
+        while reloads(&admin, "failure").await < 1.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(client.post("/hook", &msg("h1")).await.dedup(), "forwarded");
+    assert_eq!(client.post("/new", &msg("n1")).await.status, 404);
+
+    // A good one: the new route works without a restart, the old one keeps its markers.
+    std::fs::write(&gw.config.0, with_second_route(&cfg, &upstream.url())).expect("write");
+    gw.signal("HUP");
+    within("the new route", async {
+        while client.post("/new", &msg("n1")).await.status == 404 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(client.post("/new", &msg("n1")).await.dedup(), "duplicate");
+    assert_eq!(
+        client.post("/hook", &msg("h1")).await.dedup(),
+        "duplicate",
+        "markers survive a reload"
+    );
+    assert_eq!(reloads(&admin, "success").await, 1.0);
+
+    // The same over the admin listener (distroless images have no `kill`).
+    std::fs::write(&gw.config.0, "not toml [").expect("write");
+    let r = admin.send(Method::POST, "/reload", &[], "").await;
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert!(r.body.contains("nothing changed"), "{}", r.body);
+    std::fs::write(&gw.config.0, cfg.toml(&upstream.url())).expect("write");
+    let r = admin.send(Method::POST, "/reload", &[], "").await;
+    assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "reloaded 1 route(s)\n"));
+    assert_eq!(client.post("/new", &msg("n2")).await.status, 404, "route removed");
+    assert_eq!(reloads(&admin, "failure").await, 2.0);
+    assert_eq!(reloads(&admin, "success").await, 2.0);
+}
+
+#[tokio::test]
+async fn a_request_still_running_when_the_grace_ends_leaves_no_marker_in_redis() {
+    let server = RedisServer::start().await;
+    let gate = Gate::new();
+    let g = gate.clone();
+    let upstream = Upstream::with(move |_| {
+        let g = g.clone();
+        async move {
+            g.pass().await; // a bot that hangs past the grace period
+            Reply::new(200, "too late")
+        }
+    })
+    .await;
+    let cfg = Cfg::new()
+        .server("shutdown_grace = \"500ms\"")
+        .store("backend = \"redis\"")
+        .store(&format!("url = \"{}\"", server.url()));
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let client = Client::http1(gw.addr);
+    let stuck = tokio::spawn(async move { client.post("/hook", &msg("stuck")).await });
+    upstream.wait_for(1).await;
+    assert!(server.cli(&["GET", "dedup:bot:stuck"]).contains("processing"));
+    gw.signal("TERM");
+    let answer = within("the abandoned request", stuck).await.expect("task");
+    assert_eq!((answer.status.as_u16(), answer.dedup()), (503, "forwarded"));
+    assert_eq!(gw.wait().await, Some(0));
+    assert_eq!(
+        server.cli(&["EXISTS", "dedup:bot:stuck"]).trim(),
+        "0",
+        "the claim was released"
+    );
+}

@@ -25,8 +25,6 @@ pub struct Gateway {
     pub max_body: u64,
     pub key_prefix: String,
     pub on_store_error: OnStoreError,
-    /// The bound on every store call (`store.timeout`).
-    pub store_timeout: Duration,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
@@ -56,7 +54,6 @@ impl Gateway {
             max_body: config.server.max_body,
             key_prefix: config.store.key_prefix.clone(),
             on_store_error: config.store.on_error,
-            store_timeout: config.store.timeout,
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
             reloader: OnceLock::new(),

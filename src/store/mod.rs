@@ -129,7 +129,9 @@ impl StoreError {
     }
 }
 
-/// The store contract. Every call must finish within the store's configured timeout.
+/// The store contract. Every call must finish within `store.timeout`: the backend
+/// enforces it (the memory store never waits; Redis bounds each call and reports
+/// [`StoreError::Timeout`]).
 pub trait Store: Send + Sync + 'static {
     /// Atomically: key absent (or expired) -> PROCESSING(token) for `ttl`, else report
     /// what is there. Never changes an existing marker or its TTL.

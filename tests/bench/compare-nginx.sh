@@ -40,7 +40,7 @@ UP=$(free_port); NGX=$(free_port); GW=$(free_port); ADMIN=$(free_port)
 
 mkdir -p "$work/nginx"
 cat >"$work/nginx/nginx.conf" <<NGINX
-worker_processes 1;
+worker_processes auto;
 daemon off;
 pid $work/nginx/nginx.pid;
 error_log $work/nginx/error.log warn;

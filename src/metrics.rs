@@ -188,6 +188,10 @@ impl Metrics {
         });
         let store_entries = Gauge::<i64, AtomicI64>::default();
         let config_reloads = Family::<ResultLabels, Counter>::default();
+        // Both series exist from the start, so a scrape before the first reload reads 0.
+        for result in ["success", "failure"] {
+            drop(config_reloads.get_or_create(&ResultLabels { result }));
+        }
         registry.register(
             "dedup_config_reloads",
             "Configuration reloads on SIGHUP, by result",

@@ -56,7 +56,12 @@ pub async fn process(
                 return owner::run(gw, route, key, token, first_seen_ms, req).await;
             }
             Ok(Claim::Found(marker)) => marker,
-            Err(error) => return store_failed(gw, route, &key, error, req).await,
+            Err(error) => {
+                if error.is_ambiguous() {
+                    release_orphan(gw, Arc::clone(&key), token, policy.processing_ttl);
+                }
+                return store_failed(gw, route, &key, error, req).await;
+            }
         };
         if waits == 0 {
             let age = unix_ms().saturating_sub(marker.first_seen_ms());
@@ -118,6 +123,29 @@ async fn timed<T>(
     let result = call.await;
     gw.metrics.store_call(op, started.elapsed(), result.is_err());
     result
+}
+
+/// A claim whose replies were lost may have landed, leaving PROCESSING(token) that no
+/// request owns: the sender's retry would wait it out for `processing_ttl`. Release it
+/// (compare-and-delete on our own token, always safe: this request forwarded nothing as
+/// owner) as soon as the store answers again. Untracked: shutdown does not wait for it,
+/// and if the process exits first the marker simply expires.
+fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration) {
+    let gw = Arc::clone(gw);
+    tokio::spawn(async move {
+        let deadline = Instant::now() + ttl;
+        let mut pause = Duration::from_millis(100);
+        while Instant::now() < deadline {
+            if timed(&gw, StoreOp::Release, gw.store.release(&key, token))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    });
 }
 
 async fn store_failed(

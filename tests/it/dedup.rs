@@ -174,15 +174,7 @@ async fn unreachable_upstream_is_502_and_released() {
 async fn upstream_timeout_is_504_and_release_or_keep_decides_the_retry() {
     for (policy, retry_status) in [("release", "forwarded"), ("keep", "in-flight")] {
         let gate = Gate::new();
-        let g = gate.clone();
-        let upstream = Upstream::with(move |_| {
-            let g = g.clone();
-            async move {
-                g.pass().await;
-                Reply::new(200, "late")
-            }
-        })
-        .await;
+        let upstream = Upstream::gated(&gate, "late").await;
         let cfg = Cfg::new()
             .route("upstream_timeout = \"200ms\"")
             .route("processing_ttl = \"30s\"")

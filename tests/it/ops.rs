@@ -179,15 +179,7 @@ async fn sighup_and_post_reload_swap_routes_and_a_broken_file_changes_nothing() 
 async fn a_request_still_running_when_the_grace_ends_leaves_no_marker_in_redis() {
     let server = RedisServer::start().await;
     let gate = Gate::new();
-    let g = gate.clone();
-    let upstream = Upstream::with(move |_| {
-        let g = g.clone();
-        async move {
-            g.pass().await; // a bot that hangs past the grace period
-            Reply::new(200, "too late")
-        }
-    })
-    .await;
+    let upstream = Upstream::gated(&gate, "too late").await;
     let cfg = Cfg::new()
         .server("shutdown_grace = \"500ms\"")
         .store("backend = \"redis\"")

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use crate::support::{Cfg, Client, Gate, Reply, Upstream, msg, within};
+use crate::support::{Cfg, Client, Gate, Upstream, msg, within};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
 
@@ -292,15 +292,7 @@ async fn the_shipped_example_config_dedupes_end_to_end() {
 #[tokio::test]
 async fn sigterm_lets_twenty_slow_requests_finish_and_exits_0() {
     let gate = Gate::new();
-    let g = gate.clone();
-    let upstream = Upstream::with(move |r| {
-        let g = g.clone();
-        async move {
-            g.pass().await;
-            Reply::new(200, format!("done {}", r.msg_id().unwrap_or_default()))
-        }
-    })
-    .await;
+    let upstream = Upstream::gated(&gate, "done").await;
     let cfg = Cfg::new().server("shutdown_grace = \"20s\"");
     let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
     let admin = Client::http1(gw.admin.expect("admin listener"));

@@ -7,7 +7,8 @@ use tokio::net::TcpStream;
 
 use crate::support::{Cfg, Client, TestGateway, Upstream, msg, within};
 
-/// Writes raw bytes and reads everything the gateway answers until it closes.
+/// Writes raw bytes, sends nothing more, and reads everything the gateway answers
+/// until it closes the connection (which it must, for the test to finish).
 async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(request).await.expect("write");
@@ -152,35 +153,23 @@ async fn ambiguous_framing_gets_400_and_a_closed_connection() {
     assert_eq!(upstream.count(), 0);
 }
 
-/// Sends `first`, then stalls, and returns what the gateway sent before closing.
-async fn stall_after(addr: std::net::SocketAddr, first: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(first).await.expect("write");
-    let mut out = Vec::new();
-    // The gateway must close the connection without us sending anything more.
-    within("the stalled client to be cut off", stream.read_to_end(&mut out))
-        .await
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test]
 async fn header_timeout_cuts_off_slow_silent_and_idle_clients() {
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&Cfg::new().server("header_timeout = \"300ms\""), &upstream).await;
     // Half a head.
-    let text = stall_after(gw.addr, b"POST /hook HTTP/1.1\r\nHost: gw\r\n").await;
+    let text = raw(gw.addr, b"POST /hook HTTP/1.1\r\nHost: gw\r\n").await;
     assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
     // Nothing at all, and a prefix of the HTTP/2 preface.
-    assert_eq!(stall_after(gw.addr, b"").await, "");
-    assert_eq!(stall_after(gw.addr, b"PRI * HT").await, "");
+    assert_eq!(raw(gw.addr, b"").await, "");
+    assert_eq!(raw(gw.addr, b"PRI * HT").await, "");
     // A kept-alive connection idle after its first request.
     let body = msg("ka");
     let request = format!(
         "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let text = stall_after(gw.addr, request.as_bytes()).await;
+    let text = raw(gw.addr, request.as_bytes()).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
     assert_eq!(upstream.count(), 1);

@@ -152,7 +152,7 @@ async fn a_claim_whose_reply_is_lost_still_forwards_exactly_once() {
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&redis_cfg(&proxy.url()), &upstream).await;
     let client = gw.client();
-    proxy.arm();
+    proxy.arm(1);
     let r = client.post("/hook", &msg("lost")).await;
     assert_eq!((r.status.as_u16(), r.dedup()), (200, "forwarded"), "{r:?}");
     assert_eq!(
@@ -324,11 +324,9 @@ pub async fn slightly_slow_upstream() -> Upstream {
     .await
 }
 
-#[tokio::test]
-async fn three_gateway_processes_sharing_one_redis_deliver_each_id_once() {
-    let server = RedisServer::start().await;
-    let upstream = slightly_slow_upstream().await;
-    let cfg = redis_cfg(&server.url()).route("in_flight_wait = \"10s\"");
+/// Three gateway processes on `cfg`; 3000 ids x 4 copies, shuffled and sent concurrently
+/// across them: each id reaches the upstream once, and 3000 answers say "forwarded".
+async fn three_gateways_deliver_each_of_3000_ids_once(cfg: &Cfg, upstream: &Upstream) {
     let mut clients = Vec::new();
     let mut processes = Vec::new();
     for _ in 0..3 {
@@ -337,9 +335,17 @@ async fn three_gateway_processes_sharing_one_redis_deliver_each_id_once() {
         processes.push(p);
     }
     let outcomes = spray(&clients, 3000, 4, 96).await;
-    assert_each_delivered_once(&upstream, 3000);
+    assert_each_delivered_once(upstream, 3000);
     assert_eq!(outcomes.get("forwarded"), Some(&3000), "{outcomes:?}");
     assert_eq!(outcomes.values().sum::<usize>(), 12_000);
+}
+
+#[tokio::test]
+async fn three_gateway_processes_sharing_one_redis_deliver_each_id_once() {
+    let server = RedisServer::start().await;
+    let upstream = slightly_slow_upstream().await;
+    let cfg = redis_cfg(&server.url()).route("in_flight_wait = \"10s\"");
+    three_gateways_deliver_each_of_3000_ids_once(&cfg, &upstream).await;
 }
 
 #[tokio::test]
@@ -374,16 +380,7 @@ async fn gateways_on_a_redis_cluster_deliver_each_id_once_with_keys_on_every_nod
         .store("backend = \"redis\"")
         .store(&cluster.seeds_toml())
         .route("in_flight_wait = \"10s\"");
-    let mut clients = Vec::new();
-    let mut processes = Vec::new();
-    for _ in 0..3 {
-        let p = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
-        clients.push(Client::http1(p.addr));
-        processes.push(p);
-    }
-    let outcomes = spray(&clients, 3000, 4, 96).await;
-    assert_each_delivered_once(&upstream, 3000);
-    assert_eq!(outcomes.get("forwarded"), Some(&3000), "{outcomes:?}");
+    three_gateways_deliver_each_of_3000_ids_once(&cfg, &upstream).await;
     for node in &cluster.nodes {
         let keys: u64 = node.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
         assert!(keys > 500, "node {} holds only {keys} keys", node.port);
@@ -477,15 +474,7 @@ async fn a_redis_outage_is_answered_503_and_loses_nothing() {
 async fn the_sender_gets_the_bots_answer_even_when_completing_fails() {
     let mut server = RedisServer::start().await;
     let gate = Gate::new();
-    let g = gate.clone();
-    let upstream = Upstream::with(move |_| {
-        let g = g.clone();
-        async move {
-            g.pass().await;
-            Reply::new(200, "the bot's reply")
-        }
-    })
-    .await;
+    let upstream = Upstream::gated(&gate, "the bot's reply").await;
     let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
     let client = gw.client();
     let sender = tokio::spawn(async move { client.post("/hook", &msg("cf")).await });
@@ -550,4 +539,28 @@ async fn rediss_urls_speak_tls() {
             .cli(&["GET", "dedup:bot:tls"])
             .contains("\"state\":\"completed\"")
     );
+}
+
+#[tokio::test]
+async fn a_claim_that_may_have_landed_is_released_so_the_retry_does_not_wait_for_its_ttl() {
+    let server = RedisServer::start().await;
+    let proxy = SwallowingProxy::start(server.addr()).await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&proxy.url()), &upstream).await;
+    let client = gw.client();
+    proxy.arm(2); // the claim and its repeat both land, and both replies are lost
+    let r = client.post("/hook", &msg("orphan")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (503, "store-unavailable"));
+    assert_eq!(proxy.swallowed.load(Ordering::SeqCst), 2);
+    assert_eq!(upstream.count(), 0, "not delivered: the sender was told to retry");
+    // The PROCESSING marker it left (processing_ttl 30 s) is released in the background.
+    within("the orphaned claim to be released", async {
+        while server.cli(&["EXISTS", "dedup:bot:orphan"]).trim() != "0" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let retry = client.post("/hook", &msg("orphan")).await;
+    assert_eq!((retry.status.as_u16(), retry.dedup()), (200, "forwarded"));
+    assert_eq!(upstream.count(), 1);
 }

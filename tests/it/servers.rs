@@ -214,7 +214,7 @@ impl RedisCluster {
 /// (`SET ... NX`), as a broken network would: the request lands, the answer is lost.
 pub struct SwallowingProxy {
     pub addr: SocketAddr,
-    armed: Arc<AtomicBool>,
+    armed: Arc<AtomicUsize>,
     pub swallowed: Arc<AtomicUsize>,
 }
 
@@ -222,7 +222,7 @@ impl SwallowingProxy {
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("addr");
-        let armed = Arc::new(AtomicBool::new(false));
+        let armed = Arc::new(AtomicUsize::new(0));
         let swallowed = Arc::new(AtomicUsize::new(0));
         let (a, s) = (Arc::clone(&armed), Arc::clone(&swallowed));
         tokio::spawn(async move {
@@ -240,13 +240,13 @@ impl SwallowingProxy {
         format!("redis://{}/0", self.addr)
     }
 
-    /// The next claim's reply will be dropped.
-    pub fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
+    /// The replies to the next `claims` claims will be dropped.
+    pub fn arm(&self, claims: usize) {
+        self.armed.store(claims, Ordering::SeqCst);
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, swallowed: Arc<AtomicUsize>) {
+async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicUsize>, swallowed: Arc<AtomicUsize>) {
     let (mut client_r, mut client_w) = client.into_split();
     let (mut server_r, mut server_w) = server.into_split();
     let drop_next = Arc::new(AtomicBool::new(false));
@@ -260,7 +260,8 @@ async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, swal
             };
             let chunk = &buf[..n];
             let is_claim = chunk.windows(3).any(|w| w == b"SET") && chunk.windows(2).any(|w| w == b"NX");
-            if is_claim && armed.swap(false, Ordering::SeqCst) {
+            let take = |n: usize| n.checked_sub(1);
+            if is_claim && armed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, take).is_ok() {
                 d.store(true, Ordering::SeqCst);
             }
             if server_w.write_all(chunk).await.is_err() {

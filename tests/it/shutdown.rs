@@ -4,20 +4,12 @@
 use dedup_gateway::store::Store;
 use http::Method;
 
-use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, msg, within};
+use crate::support::{Cfg, Client, Gate, TestGateway, Upstream, msg, within};
 
 #[tokio::test]
 async fn an_owner_abandoned_at_the_end_of_the_grace_releases_its_claim() {
     let gate = Gate::new();
-    let g = gate.clone();
-    let upstream = Upstream::with(move |_| {
-        let g = g.clone();
-        async move {
-            g.pass().await; // never opened: this bot hangs
-            Reply::new(200, "never")
-        }
-    })
-    .await;
+    let upstream = Upstream::gated(&gate, "never").await;
     let cfg = Cfg::new().server("shutdown_grace = \"300ms\"");
     let gw = TestGateway::start(&cfg, &upstream).await;
     let admin = Client::http1(gw.admin.expect("admin"));

@@ -96,6 +96,20 @@ impl Upstream {
         .await
     }
 
+    /// Every request waits at `gate` (a bot that is slow until the test says so), then
+    /// gets 200 with `body`.
+    pub async fn gated(gate: &Gate, body: &'static str) -> Self {
+        let gate = gate.clone();
+        Self::with(move |_| {
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Reply::new(200, body)
+            }
+        })
+        .await
+    }
+
     pub async fn with<F, Fut>(behaviour: F) -> Self
     where
         F: Fn(Received) -> Fut + Send + Sync + 'static,

@@ -40,7 +40,9 @@ pub enum GatewayError {
         /// The outcome the request had when the upstream failed (forwarded, bypass, ...).
         outcome: Outcome,
     },
-    #[error("gateway shutting down; the claim was released")]
+    /// The gateway stopped waiting for the upstream at the end of its shutdown grace
+    /// (the claim was released, or completed if the upstream had already answered 2xx).
+    #[error("gateway shutting down")]
     Abandoned,
     #[error("internal error: {0}")]
     Internal(String),

@@ -1,7 +1,7 @@
 //! The shared state of a running gateway: routes (swappable on reload), store,
 //! upstream client, metrics, and the bookkeeping shutdown needs.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
     pub abandon: CancellationToken,
+    /// Background releases of claims that may have landed (see `dedup::release_orphan`).
+    pub orphan_releases: AtomicUsize,
     /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
     pub reloader: OnceLock<Arc<Reloader>>,
     draining: AtomicBool,
@@ -56,6 +58,7 @@ impl Gateway {
             on_store_error: config.store.on_error,
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
+            orphan_releases: AtomicUsize::new(0),
             reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
             store_ok_ms: AtomicU64::new(0),

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use dedup_gateway::config::{Backend, Config, RouteConfig};
 use dedup_gateway::dedup::key::{Input, stored_key};
 use dedup_gateway::reload::Reloader;
+use dedup_gateway::shutdown::Stop;
 use dedup_gateway::{Gateway, Listeners};
 use tracing_subscriber::EnvFilter;
 
@@ -103,6 +104,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let config = load(path)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
+        let stop = Stop::listen().context("cannot listen for SIGTERM/SIGINT")?;
         let store = dedup_gateway::store::connect(&config.store).await.context("store")?;
         let listeners = Listeners::bind(&config.server)
             .await
@@ -119,7 +121,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             version = env!("CARGO_PKG_VERSION"),
             "dedup-gateway serving"
         );
-        dedup_gateway::run(gw, config.server.clone(), listeners, dedup_gateway::shutdown::signal()).await;
+        dedup_gateway::run(gw, config.server.clone(), listeners, stop.signalled()).await;
         Ok(ExitCode::SUCCESS)
     })
 }

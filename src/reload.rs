@@ -51,8 +51,9 @@ impl Reloader {
     }
 
     fn apply(&self, gw: &Gateway) -> Result<Reloaded, ConfigError> {
-        let new = Config::load(&self.path)?;
+        // Held across the read too: of two reloads at once, the later read is applied last.
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let new = Config::load(&self.path)?;
         let mut needs_restart = Vec::new();
         if new.server != running.server {
             needs_restart.push("server");
@@ -75,10 +76,11 @@ impl Reloader {
             .unwrap_or_else(|e| Err(format!("reload task failed: {e}")))
     }
 
-    /// Reloads on every SIGHUP, for as long as the process runs.
+    /// Reloads on every SIGHUP, for as long as the process runs. The handler is in place
+    /// when this returns (SIGHUP's default action would end the process).
     pub fn reload_on_sighup(self: Arc<Self>, gw: Arc<Gateway>) {
         #[cfg(unix)]
-        tokio::spawn(async move {
+        {
             use tokio::signal::unix::{SignalKind, signal};
             let mut hup = match signal(SignalKind::hangup()) {
                 Ok(hup) => hup,
@@ -87,9 +89,11 @@ impl Reloader {
                     return;
                 }
             };
-            while hup.recv().await.is_some() {
-                let _ = Arc::clone(&self).reload_blocking(Arc::clone(&gw)).await;
-            }
-        });
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    let _ = Arc::clone(&self).reload_blocking(Arc::clone(&gw)).await;
+                }
+            });
+        }
     }
 }

@@ -15,6 +15,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::framing::FramingGuard;
@@ -61,6 +62,7 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         h1,
         h2,
         header_timeout: server.header_timeout,
+        closing: CancellationToken::new(),
     });
     let graceful = GracefulShutdown::new();
     let listener = listeners.proxy;
@@ -78,6 +80,7 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         }
     }
     drop(listener);
+    protocols.closing.cancel();
     drain(&gw, graceful, server.shutdown_grace).await;
 }
 
@@ -86,6 +89,9 @@ struct Protocols {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
     header_timeout: Duration,
+    /// Cancelled when the listener closes: connections that have not said a word yet
+    /// are dropped rather than served (or waited for) during the drain.
+    closing: CancellationToken,
 }
 
 /// Accepts connections forever.
@@ -113,7 +119,12 @@ async fn accept_loop(
 /// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
 async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, watcher: Watcher, mut stream: TcpStream, addr: SocketAddr) {
     let _ = stream.set_nodelay(true);
-    let Ok(Some((prefix, is_h2))) = tokio::time::timeout(protocols.header_timeout, sniff(&mut stream)).await else {
+    let sniffed = tokio::select! {
+        biased;
+        () = protocols.closing.cancelled() => return,
+        sniffed = tokio::time::timeout(protocols.header_timeout, sniff(&mut stream)) => sniffed,
+    };
+    let Ok(Some((prefix, is_h2))) = sniffed else {
         return; // silent, closed, or too slow to say which protocol: cut off
     };
     let peer = Peer { addr };

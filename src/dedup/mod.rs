@@ -8,6 +8,7 @@ mod owner;
 pub mod policy;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -130,7 +131,14 @@ async fn timed<T>(
 /// (compare-and-delete on our own token, always safe: this request forwarded nothing as
 /// owner) as soon as the store answers again. Untracked: shutdown does not wait for it,
 /// and if the process exits first the marker simply expires.
+///
+/// At most [`MAX_ORPHAN_RELEASES`] run at once: in a long store outage the rest simply
+/// expire, rather than a crowd of retries competing with real traffic on recovery.
 fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration) {
+    if gw.orphan_releases.fetch_add(1, Ordering::Relaxed) >= MAX_ORPHAN_RELEASES {
+        gw.orphan_releases.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
     let gw = Arc::clone(gw);
     tokio::spawn(async move {
         let deadline = Instant::now() + ttl;
@@ -140,13 +148,17 @@ fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration)
                 .await
                 .is_ok()
             {
-                return;
+                break;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
+        gw.orphan_releases.fetch_sub(1, Ordering::Relaxed);
     });
 }
+
+/// See [`release_orphan`].
+const MAX_ORPHAN_RELEASES: usize = 256;
 
 async fn store_failed(
     gw: &Arc<Gateway>,

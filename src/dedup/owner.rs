@@ -92,7 +92,14 @@ impl Owner {
     async fn succeeded(&self, response: Response<Incoming>, deadline: Instant) -> Result<Answer, GatewayError> {
         let response = proxy::downstream_response(response);
         let (response, stored) = if self.route.config.policy.replay {
-            match tokio::time::timeout_at(deadline, capture(response)).await {
+            let captured = tokio::select! {
+                biased;
+                // Shutting down mid-body: the work is done, so complete rather than leave
+                // PROCESSING for a later retry to deliver again.
+                () = self.gw.abandon.cancelled() => return self.complete_then(Err(GatewayError::Abandoned)).await,
+                captured = tokio::time::timeout_at(deadline, capture(response)) => captured,
+            };
+            match captured {
                 Ok(Ok(captured)) => captured,
                 Ok(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
                 Err(_) => {

@@ -111,9 +111,14 @@ pub struct Completion {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Sent, but no reply in time: it may have taken effect.
     #[error("store call timed out")]
     Timeout,
-    #[error("store unreachable: {0}")]
+    /// Sent, and the connection broke before the reply: it may have taken effect.
+    #[error("store connection lost: {0}")]
+    Lost(String),
+    /// Not sent (no connection), or refused by the store: it did not take effect.
+    #[error("store unavailable: {0}")]
     Unavailable(String),
     #[error("memory store is full of PROCESSING entries ({0} entries)")]
     Full(usize),
@@ -125,7 +130,7 @@ impl StoreError {
     /// Whether the call may have taken effect although it failed (its reply was lost),
     /// so that repeating it is how to find out.
     pub fn is_ambiguous(&self) -> bool {
-        matches!(self, StoreError::Timeout | StoreError::Unavailable(_))
+        matches!(self, StoreError::Timeout | StoreError::Lost(_))
     }
 }
 

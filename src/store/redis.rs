@@ -8,8 +8,9 @@
 //!
 //! Connections come from a deadpool pool of redis-rs connections with a manager that
 //! does not PING on checkout (deadpool-redis's does: a second round trip per call).
-//! A connection whose call timed out or failed at the transport is discarded instead,
-//! so a reply that arrives late can never be read as the answer to a later call.
+//! A connection whose call timed out or failed at the transport is discarded instead:
+//! if a reply never arrives (a broken middlebox), that connection's reply queue would
+//! stay one behind and every later call on it would read its predecessor's answer.
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -47,6 +48,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub struct RedisStore {
     pool: Pool,
+    health: Pool,
     timeout: Duration,
 }
 
@@ -143,29 +145,17 @@ enum Call<'a> {
 }
 
 impl RedisStore {
-    /// Builds the pool and checks the server(s): Redis >= 7 (for `SET NX GET`), and a
+    /// Builds the pools and checks the server(s): Redis >= 7 (for `SET NX GET`), and a
     /// warning unless `maxmemory-policy` is `noeviction` (an evicting Redis silently
     /// drops markers).
     pub async fn connect(target: &RedisTarget, pool_size: usize, timeout: Duration) -> Result<Self, StoreError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(None); // our own timeout bounds every call
-        let pool = match target {
-            RedisTarget::Standalone(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| unavailable("invalid url", &e))?;
-                Pool::Standalone(build_pool(Standalone { client, config }, pool_size)?)
-            }
-            RedisTarget::Cluster(seeds) => {
-                let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| unavailable("invalid cluster seeds", &e))?;
-                Pool::Cluster(build_pool(Cluster { client }, pool_size)?)
-            }
+        let store = RedisStore {
+            pool: Pool::new(target, pool_size, timeout)?,
+            // Readiness gets its own connection: a pool saturated by traffic must not
+            // make every replica report not-ready at once.
+            health: Pool::new(target, 1, timeout)?,
+            timeout,
         };
-        let store = RedisStore { pool, timeout };
         for url in target.urls() {
             check_server(url, timeout).await?;
         }
@@ -180,27 +170,22 @@ impl RedisStore {
         for code in [COMPLETE_LUA, RELEASE_LUA] {
             let mut cmd = redis::cmd("SCRIPT");
             cmd.arg("LOAD").arg(code);
-            self.call::<redis::Value>(Call::Cmd(&cmd)).await?;
+            self.call::<redis::Value>(&self.pool, Call::Cmd(&cmd)).await?;
         }
         Ok(())
     }
 
-    async fn call<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
+    /// One command on a pooled connection, within `store.timeout` in all.
+    async fn call<T: FromRedisValue>(&self, pool: &Pool, call: Call<'_>) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.timeout;
-        let conn = tokio::time::timeout_at(deadline, async {
-            match &self.pool {
-                Pool::Standalone(p) => p.get().await.map(Conn::Standalone).map_err(|e| e.to_string()),
-                Pool::Cluster(p) => p.get().await.map(Conn::Cluster).map_err(|e| e.to_string()),
-            }
-        })
-        .await;
-        let mut conn = match conn {
-            Err(_) => return Err(StoreError::Timeout),
+        let mut conn = match tokio::time::timeout_at(deadline, pool.get()).await {
+            Ok(Ok(conn)) => conn,
+            // Nothing was sent: these are definite failures, not lost replies.
             Ok(Err(e)) => {
-                self.forget_idle();
+                pool.forget_idle();
                 return Err(StoreError::Unavailable(e));
             }
-            Ok(Ok(conn)) => conn,
+            Err(_) => return Err(StoreError::Unavailable("no connection within store.timeout".into())),
         };
         let reply = tokio::time::timeout_at(deadline, async {
             match call {
@@ -211,26 +196,56 @@ impl RedisStore {
         .await;
         match reply {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e))
-                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error() =>
-            {
+            Ok(Err(e)) if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() => {
                 conn.discard();
-                self.forget_idle();
-                Err(StoreError::Unavailable(e.to_string()))
+                pool.forget_idle();
+                Err(StoreError::Lost(e.to_string()))
             }
+            // Redis answered with an error: a definite "no".
             Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
             Err(_) => {
-                // The reply may still come; on this connection it would answer the next call.
+                // A reply that never comes would leave this connection's reply queue one
+                // behind, so every later call on it would read its predecessor's answer.
                 conn.discard();
                 Err(StoreError::Timeout)
             }
+        }
+    }
+}
+
+impl Pool {
+    fn new(target: &RedisTarget, size: usize, timeout: Duration) -> Result<Self, StoreError> {
+        Ok(match target {
+            RedisTarget::Standalone(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(|e| unavailable("invalid url", &e))?;
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(None); // our own deadline bounds every call
+                Pool::Standalone(build_pool(Standalone { client, config }, size)?)
+            }
+            RedisTarget::Cluster(seeds) => {
+                let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| unavailable("invalid cluster seeds", &e))?;
+                Pool::Cluster(build_pool(Cluster { client }, size)?)
+            }
+        })
+    }
+
+    async fn get(&self) -> Result<Conn, String> {
+        match self {
+            Pool::Standalone(p) => p.get().await.map(Conn::Standalone).map_err(|e| e.to_string()),
+            Pool::Cluster(p) => p.get().await.map(Conn::Cluster).map_err(|e| e.to_string()),
         }
     }
 
     /// After a transport failure the idle connections are probably dead too (Redis
     /// restarted): drop them so the next calls connect afresh instead of failing one by one.
     fn forget_idle(&self) {
-        match &self.pool {
+        match self {
             Pool::Standalone(p) => drop(p.retain(|_, _| false)),
             Pool::Cluster(p) => drop(p.retain(|_, _| false)),
         }
@@ -424,7 +439,7 @@ impl Store for RedisStore {
             .arg("PX")
             .arg(millis(ttl))
             .arg("GET");
-        let previous: Option<Vec<u8>> = self.call(Call::Cmd(&cmd)).await?;
+        let previous: Option<Vec<u8>> = self.call(&self.pool, Call::Cmd(&cmd)).await?;
         match previous {
             None => Ok(Claim::Claimed),
             Some(raw) => parse_marker(&raw).map(Claim::Found),
@@ -438,21 +453,21 @@ impl Store for RedisStore {
             .arg(token_prefix(token))
             .arg(completed_value(&completion))
             .arg(millis(completion.ttl));
-        let done: i64 = self.call(Call::Script(&invocation)).await?;
+        let done: i64 = self.call(&self.pool, Call::Script(&invocation)).await?;
         Ok(done == 1)
     }
 
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let mut invocation = RELEASE.prepare_invoke();
         invocation.key(key).arg(token_prefix(token));
-        let deleted: i64 = self.call(Call::Script(&invocation)).await?;
+        let deleted: i64 = self.call(&self.pool, Call::Script(&invocation)).await?;
         Ok(deleted == 1)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(key);
-        let raw: Option<Vec<u8>> = self.call(Call::Cmd(&cmd)).await?;
+        let raw: Option<Vec<u8>> = self.call(&self.pool, Call::Cmd(&cmd)).await?;
         raw.map(|raw| parse_marker(&raw)).transpose()
     }
 
@@ -466,7 +481,7 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         let cmd = redis::cmd("PING");
-        self.call::<String>(Call::Cmd(&cmd)).await.map(drop)
+        self.call::<String>(&self.health, Call::Cmd(&cmd)).await.map(drop)
     }
 }
 

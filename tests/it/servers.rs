@@ -88,14 +88,18 @@ impl RedisServer {
             .spawn()
             .expect("spawn redis-server");
         self.child = Some(child);
+        let pid = self.child.as_ref().map(Child::id).unwrap_or_default();
         for _ in 0..500 {
-            if self.cli(&["PING"]).trim() == "PONG" {
-                return true;
-            }
             if let Some(child) = self.child.as_mut()
                 && child.try_wait().expect("try_wait").is_some()
             {
                 return false; // the port was taken after all
+            }
+            // Answering is not enough: it must be our server, not another test's that
+            // took the port first.
+            let info = self.cli(&["INFO", "server"]);
+            if info.lines().any(|l| l.trim() == format!("process_id:{pid}")) {
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

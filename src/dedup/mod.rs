@@ -57,8 +57,8 @@ pub async fn process(
                 return owner::run(gw, route, key, token, first_seen_ms, req).await;
             }
             Ok(Claim::Found(marker)) => marker,
-            Err(error) => {
-                if error.is_ambiguous() {
+            Err(ClaimFailed { error, may_have_landed }) => {
+                if may_have_landed {
                     release_orphan(gw, Arc::clone(&key), token, policy.processing_ttl);
                 }
                 return store_failed(gw, route, &key, error, req).await;
@@ -97,16 +97,28 @@ pub async fn process(
 /// Claims `key`, once more when the first reply is lost: the claim may have landed,
 /// and the retry (same token) then shows the marker as ours, so an ambiguous reply
 /// never turns into a "duplicate" for a message nobody forwarded.
-async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
+async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, ClaimFailed> {
     let call = || timed(gw, StoreOp::Claim, gw.store.claim(key, token, first_seen_ms, ttl));
-    let result = match call().await {
-        Err(e) if e.is_ambiguous() => call().await,
-        other => other,
+    let (result, may_have_landed) = match call().await {
+        // The repeat may fail differently (say, connection refused once Redis is gone)
+        // and still the first attempt may have landed.
+        Err(e) if e.is_ambiguous() => (call().await, true),
+        other => (other, false),
     };
-    match result? {
-        Claim::Found(Marker::Processing { token: holder, .. }) if holder == token => Ok(Claim::Claimed),
-        claim => Ok(claim),
+    match result {
+        Ok(Claim::Found(Marker::Processing { token: holder, .. })) if holder == token => Ok(Claim::Claimed),
+        Ok(claim) => Ok(claim),
+        Err(error) => Err(ClaimFailed {
+            may_have_landed: may_have_landed || error.is_ambiguous(),
+            error,
+        }),
     }
+}
+
+/// A claim that failed, and whether it (or its repeat) may have landed all the same.
+struct ClaimFailed {
+    error: StoreError,
+    may_have_landed: bool,
 }
 
 /// Runs one store call, measuring and counting it.

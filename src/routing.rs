@@ -18,7 +18,6 @@ pub struct Routes {
     exact: HashMap<String, Arc<Route>>,
     /// Longest prefix first.
     prefixes: Vec<(String, Arc<Route>)>,
-    all: Vec<Arc<Route>>,
 }
 
 impl Routes {
@@ -26,7 +25,6 @@ impl Routes {
         let mut routes = Routes {
             exact: HashMap::new(),
             prefixes: Vec::new(),
-            all: Vec::with_capacity(configs.len()),
         };
         for config in configs {
             let route = Arc::new(Route {
@@ -34,12 +32,9 @@ impl Routes {
                 config: config.clone(),
             });
             match &config.path {
-                PathPattern::Exact(path) => {
-                    routes.exact.insert(path.clone(), Arc::clone(&route));
-                }
-                PathPattern::Prefix(prefix) => routes.prefixes.push((prefix.clone(), Arc::clone(&route))),
+                PathPattern::Exact(path) => drop(routes.exact.insert(path.clone(), route)),
+                PathPattern::Prefix(prefix) => routes.prefixes.push((prefix.clone(), route)),
             }
-            routes.all.push(route);
         }
         routes
             .prefixes
@@ -54,10 +49,6 @@ impl Routes {
                 .find(|(prefix, _)| path.starts_with(prefix.as_str()))
                 .map(|(_, route)| route)
         })
-    }
-
-    pub fn all(&self) -> &[Arc<Route>] {
-        &self.all
     }
 }
 

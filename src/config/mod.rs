@@ -77,16 +77,6 @@ pub enum ConfigError {
     Invalid { path: String, problems: Vec<String> },
 }
 
-impl ConfigError {
-    /// Each problem as `key.path: what is wrong`.
-    pub fn problems(&self) -> Vec<String> {
-        match self {
-            ConfigError::Invalid { problems, .. } => problems.clone(),
-            other => vec![other.to_string()],
-        }
-    }
-}
-
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

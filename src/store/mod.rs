@@ -48,10 +48,6 @@ impl Token {
     pub fn from_u128(value: u128) -> Self {
         Token(value)
     }
-
-    pub fn as_u128(self) -> u128 {
-        self.0
-    }
 }
 
 impl fmt::Display for Token {

@@ -67,12 +67,13 @@ impl GatewayError {
     pub fn outcome(&self) -> Outcome {
         match self {
             GatewayError::TooLarge { .. } => Outcome::TooLarge,
-            GatewayError::BadBody(_) => Outcome::Rejected,
+            GatewayError::BadBody(_) => Outcome::BadRequest,
             GatewayError::MissingKey => Outcome::NoKey,
             GatewayError::InFlight => Outcome::InFlight,
             GatewayError::StoreUnavailable(_) => Outcome::StoreUnavailable,
             GatewayError::Upstream { outcome, .. } => *outcome,
-            GatewayError::Abandoned | GatewayError::Internal(_) => Outcome::Forwarded,
+            GatewayError::Abandoned => Outcome::Aborted,
+            GatewayError::Internal(_) => Outcome::Forwarded,
         }
     }
 
@@ -161,7 +162,7 @@ mod tests {
             }),
             (504, "forwarded", false)
         );
-        assert_eq!(row(GatewayError::Abandoned), (503, "forwarded", true));
+        assert_eq!(row(GatewayError::Abandoned), (503, "aborted", true));
         assert_eq!(row(GatewayError::Internal("x".into())), (502, "forwarded", false));
         let close = GatewayError::TooLarge { limit: 1 }.to_response();
         assert_eq!(close.headers()[header::CONNECTION], "close");

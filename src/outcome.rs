@@ -12,14 +12,16 @@ pub enum Outcome {
     NoKey,
     StoreUnavailable,
     Rejected,
+    BadRequest,
     TooLarge,
     Bypass,
     ShadowDuplicate,
     ShadowInFlight,
+    Aborted,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Forwarded,
         Outcome::Duplicate,
         Outcome::Replayed,
@@ -27,10 +29,12 @@ impl Outcome {
         Outcome::NoKey,
         Outcome::StoreUnavailable,
         Outcome::Rejected,
+        Outcome::BadRequest,
         Outcome::TooLarge,
         Outcome::Bypass,
         Outcome::ShadowDuplicate,
         Outcome::ShadowInFlight,
+        Outcome::Aborted,
     ];
 
     /// The `outcome` label of `dedup_requests_total`.
@@ -43,10 +47,12 @@ impl Outcome {
             Outcome::NoKey => "no_key",
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Rejected => "rejected",
+            Outcome::BadRequest => "bad_request",
             Outcome::TooLarge => "too_large",
             Outcome::Bypass => "bypass",
             Outcome::ShadowDuplicate => "shadow_duplicate",
             Outcome::ShadowInFlight => "shadow_in_flight",
+            Outcome::Aborted => "aborted",
         }
     }
 
@@ -60,10 +66,12 @@ impl Outcome {
             Outcome::NoKey => "no-key",
             Outcome::StoreUnavailable => "store-unavailable",
             Outcome::Rejected => "rejected",
+            Outcome::BadRequest => "bad-request",
             Outcome::TooLarge => "too-large",
             Outcome::Bypass => "bypass",
             Outcome::ShadowDuplicate => "shadow-duplicate",
             Outcome::ShadowInFlight => "shadow-in-flight",
+            Outcome::Aborted => "aborted",
         })
     }
 

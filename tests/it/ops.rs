@@ -72,6 +72,8 @@ async fn metrics_count_what_was_sent_by_outcome_with_bounded_labels() {
         ("replayed", 0.0),
         ("store_unavailable", 0.0),
         ("rejected", 0.0),
+        ("bad_request", 0.0),
+        ("aborted", 0.0),
         ("shadow_duplicate", 0.0),
         ("shadow_in_flight", 0.0),
     ];
@@ -191,7 +193,7 @@ async fn a_request_still_running_when_the_grace_ends_leaves_no_marker_in_redis()
     assert!(server.cli(&["GET", "dedup:bot:stuck"]).contains("processing"));
     gw.signal("TERM");
     let answer = within("the abandoned request", stuck).await.expect("task");
-    assert_eq!((answer.status.as_u16(), answer.dedup()), (503, "forwarded"));
+    assert_eq!((answer.status.as_u16(), answer.dedup()), (503, "aborted"));
     assert_eq!(gw.wait().await, Some(0));
     assert_eq!(
         server.cli(&["EXISTS", "dedup:bot:stuck"]).trim(),

@@ -204,3 +204,33 @@ async fn h2c_behaves_like_http1() {
         "h2 requests reach the upstream with a Host"
     );
 }
+
+#[tokio::test]
+async fn a_body_cut_off_midway_is_a_bad_request_not_a_rejection() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new(), &upstream).await;
+    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+    stream
+        .write_all(b"POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n{\"msgId\":\"cut\"")
+        .await
+        .expect("write");
+    stream.shutdown().await.expect("half-close");
+    let mut out = Vec::new();
+    within("the answer to a cut-off body", stream.read_to_end(&mut out))
+        .await
+        .expect("read");
+    let text = String::from_utf8_lossy(&out);
+    // hyper may close without an answer once the peer is gone; if it answers, it says why.
+    if !text.is_empty() {
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(text.contains("x-dedup-status: bad-request"), "{text}");
+    }
+    let series = |o: &str| format!("dedup_requests_total{{route=\"bot\",outcome=\"{o}\"}}");
+    crate::support::eventually("the cut-off body to be counted", || {
+        gw.metric(&series("bad_request")) == 1.0
+    })
+    .await;
+    assert_eq!(gw.metric(&series("rejected")), 0.0);
+    assert_eq!(upstream.count(), 0);
+    assert_eq!(gw.metric(r#"dedup_store_duration_seconds_count{op="claim"}"#), 0.0);
+}

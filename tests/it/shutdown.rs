@@ -34,7 +34,7 @@ async fn an_owner_abandoned_at_the_end_of_the_grace_releases_its_claim() {
             answer.headers["retry-after"].to_str().ok(),
             answer.dedup()
         ),
-        (503, Some("1"), "forwarded")
+        (503, Some("1"), "aborted")
     );
     assert_eq!(
         store.store.get(key).await.expect("get"),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use dedup_gateway::config::{Backend, Config, RouteConfig};
+use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
 use dedup_gateway::dedup::key::{Input, stored_key};
 use dedup_gateway::reload::Reloader;
 use dedup_gateway::shutdown::Stop;
@@ -152,7 +152,7 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         name_of(st.on_error)
     );
     for route in &config.routes {
-        print_route(route);
+        print_route(route, st.timeout);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -161,16 +161,17 @@ fn name_of<T: dedup_gateway::config::read::Choice + PartialEq>(value: T) -> &'st
     T::NAMES.iter().find(|(_, v)| *v == value).map_or("?", |(n, _)| n)
 }
 
-fn print_route(r: &RouteConfig) {
+fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
     let p = &r.policy;
     let d = |d: std::time::Duration| humantime::format_duration(d).to_string();
     let keys: Vec<&str> = r.key.alternatives().iter().map(|a| a.text()).collect();
     println!("route {:?}: {} -> {}", r.name, r.path, r.upstream);
     println!("  key = [{}]", keys.join(", "));
     println!(
-        "  upstream_timeout {}, processing_ttl {}, completed_ttl {}",
+        "  upstream_timeout {}, processing_ttl {} (> {} = upstream_timeout + 4 x store.timeout), completed_ttl {}",
         d(p.upstream_timeout),
         d(p.processing_ttl),
+        d(processing_ttl_floor(p.upstream_timeout, store_timeout)),
         d(p.completed_ttl)
     );
     println!(

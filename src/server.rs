@@ -168,8 +168,10 @@ async fn sniff(stream: &mut TcpStream) -> Option<(Bytes, bool)> {
 async fn drain(gw: &Gateway, graceful: GracefulShutdown, grace: Duration) {
     let deadline = Instant::now() + grace;
     gw.tasks.close();
+    let connections = graceful.shutdown();
+    tokio::pin!(connections);
     let finished = tokio::time::timeout_at(deadline, async {
-        graceful.shutdown().await;
+        (&mut connections).await;
         gw.tasks.wait().await;
     })
     .await
@@ -183,7 +185,14 @@ async fn drain(gw: &Gateway, graceful: GracefulShutdown, grace: Duration) {
         "shutdown grace over: abandoning in-flight requests"
     );
     gw.abandon.cancel();
-    if tokio::time::timeout(RELEASE_BUDGET, gw.tasks.wait()).await.is_err() {
+    // The abandoned requests release their claims, then their connections write the
+    // 503s: both must happen before the process exits.
+    let released = tokio::time::timeout(RELEASE_BUDGET, async {
+        gw.tasks.wait().await;
+        connections.await;
+    })
+    .await;
+    if released.is_err() {
         tracing::warn!("some claims could not be released; they expire after processing_ttl");
     }
 }

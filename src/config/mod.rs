@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use read::{Problems, Section};
-pub use route::{DuplicateAnswer, PathPattern, RouteConfig, RoutePolicy};
+pub use route::{DuplicateAnswer, PathPattern, RouteConfig, RoutePolicy, processing_ttl_floor};
 
 use crate::dedup::policy::OnStoreError;
 

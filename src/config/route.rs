@@ -279,15 +279,20 @@ fn merge(own: &Settings, defaults: &Settings) -> RoutePolicy {
     }
 }
 
-/// A PROCESSING marker must outlive the longest an owner can hold it: the upstream call
-/// plus a claim that was retried once and a complete.
+/// The shortest `processing_ttl` that is safe: a PROCESSING marker must outlive the
+/// longest an owner can hold it, a claim and its re-read (the first reply lost), the
+/// upstream call, then a complete and its retry.
+pub fn processing_ttl_floor(upstream_timeout: Duration, store_timeout: Duration) -> Duration {
+    upstream_timeout + 4 * store_timeout
+}
+
 fn check_ttls(s: &Section, r: &RoutePolicy, store_timeout: Duration, problems: &mut Problems) {
-    let floor = r.upstream_timeout + 2 * store_timeout;
+    let floor = processing_ttl_floor(r.upstream_timeout, store_timeout);
     if r.processing_ttl <= floor {
         problems.push(
             s.path_of("processing_ttl"),
             format!(
-                "{} must exceed upstream_timeout ({}) + 2 x store.timeout ({}) = {}",
+                "{} must exceed upstream_timeout ({}) + 4 x store.timeout ({}) = {}",
                 humantime::format_duration(r.processing_ttl),
                 humantime::format_duration(r.upstream_timeout),
                 humantime::format_duration(store_timeout),

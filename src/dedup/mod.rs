@@ -12,8 +12,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
+use http::Response;
+use http::header;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::body::Body;
@@ -39,56 +40,103 @@ pub struct Answer {
     pub response: Response<Body>,
 }
 
-/// Runs one keyed request through the state machine.
+/// Runs one keyed request through the state machine and waits for its answer.
+///
+/// Everything from the claim on runs in a task of its own (SPEC: a sender that hangs
+/// up, or resets its h2 stream, even while the claim is on its way to the store, must
+/// never leave a marker nobody owns nor cancel the upstream call). The handler only
+/// waits for the answer; if it is dropped, the task carries on.
 pub async fn process(
     gw: &Arc<Gateway>,
     route: &Arc<Route>,
     key: Arc<str>,
     req: Request,
 ) -> Result<Answer, GatewayError> {
-    let policy = &route.config.policy;
-    let token = Token::generate();
-    let first_seen_ms = unix_ms();
-    let deadline = Instant::now() + policy.in_flight_wait;
-    let mut waits = 0u32;
-    loop {
-        let marker = match claim(gw, &key, token, first_seen_ms, policy.processing_ttl).await {
-            Ok(Claim::Claimed) => {
-                return owner::run(gw, route, key, token, first_seen_ms, req).await;
-            }
-            Ok(Claim::Found(marker)) => marker,
-            Err(ClaimFailed { error, may_have_landed }) => {
-                if may_have_landed {
-                    release_orphan(gw, Arc::clone(&key), token, policy.processing_ttl);
+    let (tx, rx) = oneshot::channel();
+    let task = Task {
+        gw: Arc::clone(gw),
+        route: Arc::clone(route),
+        key,
+        token: Token::generate(),
+        first_seen_ms: unix_ms(),
+    };
+    gw.tasks.spawn(async move {
+        let mut tx = tx;
+        let result = task.run(req, &mut tx).await;
+        let _ = tx.send(result);
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(GatewayError::Internal("request task ended without an answer".into())))
+}
+
+/// One keyed request from its claim to its answer.
+pub(crate) struct Task {
+    pub(crate) gw: Arc<Gateway>,
+    pub(crate) route: Arc<Route>,
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Token,
+    pub(crate) first_seen_ms: u64,
+}
+
+/// Where the answer goes; closed when the sender hung up.
+type Reply = oneshot::Sender<Result<Answer, GatewayError>>;
+
+impl Task {
+    async fn run(self, req: Request, reply: &mut Reply) -> Result<Answer, GatewayError> {
+        let (gw, route) = (&self.gw, &self.route);
+        let policy = &route.config.policy;
+        let deadline = Instant::now() + policy.in_flight_wait;
+        let mut waits = 0u32;
+        loop {
+            let claimed = claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await;
+            let marker = match claimed {
+                Ok(Claim::Claimed) => return owner::forward(&self, req).await,
+                Ok(Claim::Found(marker)) => marker,
+                Err(ClaimFailed { error, may_have_landed }) => {
+                    if may_have_landed {
+                        release_orphan(gw, Arc::clone(&self.key), self.token, policy.processing_ttl);
+                    }
+                    if waits > 0 {
+                        // It has seen the key PROCESSING: forwarding it now, whatever
+                        // `on_error` says, could be a second concurrent delivery.
+                        tracing::warn!(route = %route.config.name, key = %self.key, %error,
+                            "store failed while waiting on PROCESSING: answering 409");
+                        return Err(GatewayError::InFlight);
+                    }
+                    return store_failed(gw, route, &self.key, error, req).await;
                 }
-                return store_failed(gw, route, &key, error, req).await;
-            }
-        };
-        if waits == 0 {
-            let age = unix_ms().saturating_sub(marker.first_seen_ms());
-            route.metrics.duplicate_age(Duration::from_millis(age));
-        }
-        if policy.mode == Mode::Shadow {
-            let outcome = match marker {
-                Marker::Completed { .. } => Outcome::ShadowDuplicate,
-                Marker::Processing { .. } => Outcome::ShadowInFlight,
             };
-            return forward_unowned(gw, route, req.head, Body::full(req.body), req.peer, outcome).await;
-        }
-        let holder = match marker {
-            Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
-            Marker::Processing { token, .. } => token,
-        };
-        match policy.on_in_flight {
-            InFlight::Conflict => return Err(GatewayError::InFlight),
-            InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
-            InFlight::Wait => {
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(GatewayError::InFlight);
+            if waits == 0 {
+                let age = unix_ms().saturating_sub(marker.first_seen_ms());
+                route.metrics.duplicate_age(Duration::from_millis(age));
+            }
+            if policy.mode == Mode::Shadow {
+                let outcome = match marker {
+                    Marker::Completed { .. } => Outcome::ShadowDuplicate,
+                    Marker::Processing { .. } => Outcome::ShadowInFlight,
+                };
+                return forward_unowned(gw, route, req.head, Body::full(req.body), req.peer, outcome).await;
+            }
+            let holder = match marker {
+                Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
+                Marker::Processing { token, .. } => token,
+            };
+            match policy.on_in_flight {
+                InFlight::Conflict => return Err(GatewayError::InFlight),
+                InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
+                InFlight::Wait => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(GatewayError::InFlight);
+                    }
+                    // A waiter owns nothing: it may stop when nobody is left to answer.
+                    tokio::select! {
+                        () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
+                        () = reply.closed() => return Err(GatewayError::InFlight),
+                        () = gw.abandon.cancelled() => return Err(GatewayError::Abandoned),
+                    }
+                    waits += 1;
                 }
-                gw.store.wait(&key, holder, waits, deadline - now).await;
-                waits += 1;
             }
         }
     }
@@ -239,8 +287,12 @@ fn duplicate(route: &Route, stored: Option<&StoredResponse>) -> Answer {
         Some(stored) if route.config.policy.replay => {
             let mut response = Response::new(Body::full(stored.body.clone()));
             *response.status_mut() = stored.status;
+            let headers = response.headers_mut();
             if let Some(ct) = &stored.content_type {
-                response.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+                headers.insert(header::CONTENT_TYPE, ct.clone());
+            }
+            if let Some(ce) = &stored.content_encoding {
+                headers.insert(header::CONTENT_ENCODING, ce.clone());
             }
             answer(Outcome::Replayed, response)
         }
@@ -260,10 +312,11 @@ pub fn duplicate_response(route: &Route) -> Response<Body> {
 }
 
 /// A 2xx response worth storing for `replay`, or `None` if it cannot be replayed.
-fn storable(status: StatusCode, content_type: Option<&HeaderValue>, body: &Bytes) -> Option<StoredResponse> {
+fn storable(head: &http::response::Parts, body: &Bytes) -> Option<StoredResponse> {
     (body.len() <= crate::store::MAX_STORED_BODY).then(|| StoredResponse {
-        status,
-        content_type: content_type.cloned(),
+        status: head.status,
+        content_type: head.headers.get(header::CONTENT_TYPE).cloned(),
+        content_encoding: head.headers.get(header::CONTENT_ENCODING).cloned(),
         body: body.clone(),
     })
 }

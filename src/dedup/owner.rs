@@ -1,85 +1,64 @@
 //! The owner of a claim: forwards the request and then completes or releases the
-//! marker. Runs in its own task so a sender that hangs up never cancels the upstream
-//! call or leaves a stale marker behind.
-
-use std::sync::Arc;
+//! marker. Runs in the request's own task (see [`super::process`]) so a sender that
+//! hangs up never cancels the upstream call or leaves a stale marker behind.
 
 use http::Response;
-use http::header;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::policy::OnUpstreamTimeout;
-use super::{Answer, Request, answer, send, storable, timed};
+use super::{Answer, Request, Task, answer, send, storable, timed};
 use crate::body::{self, Body};
 use crate::error::GatewayError;
-use crate::gateway::Gateway;
 use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
 use crate::proxy::{self, UpstreamError};
-use crate::routing::Route;
-use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse, Token};
+use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse};
 
-/// Runs the owner task and waits for its answer.
-pub(super) async fn run(
-    gw: &Arc<Gateway>,
-    route: &Arc<Route>,
-    key: Arc<str>,
-    token: Token,
-    first_seen_ms: u64,
-    req: Request,
-) -> Result<Answer, GatewayError> {
-    let owner = Owner {
-        gw: Arc::clone(gw),
-        route: Arc::clone(route),
-        key,
-        token,
-        first_seen_ms,
+/// Forwards a claimed request and completes or releases its marker. Runs inside the
+/// request's [`Task`], so nothing here is cancelled when the sender hangs up.
+pub(super) async fn forward(task: &Task, req: Request) -> Result<Answer, GatewayError> {
+    let owner = Owner(task);
+    // A waiter promoted after the grace ended must not start a delivery it would
+    // abandon at once.
+    if owner.gw.abandon.is_cancelled() {
+        return owner.abandon().await;
+    }
+    let deadline = Instant::now() + owner.route.config.policy.upstream_timeout;
+    let result = tokio::select! {
+        biased;
+        () = owner.gw.abandon.cancelled() => return owner.abandon().await,
+        result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer) => result,
     };
-    gw.tasks
-        .spawn(owner.forward(req))
-        .await
-        .unwrap_or_else(|e| Err(GatewayError::Internal(format!("owner task failed: {e}"))))
-}
-
-struct Owner {
-    gw: Arc<Gateway>,
-    route: Arc<Route>,
-    key: Arc<str>,
-    token: Token,
-    first_seen_ms: u64,
-}
-
-impl Owner {
-    async fn forward(self, req: Request) -> Result<Answer, GatewayError> {
-        // A waiter promoted after the grace ended must not start a delivery it would
-        // abandon at once.
-        if self.gw.abandon.is_cancelled() {
-            return self.abandon().await;
+    match result {
+        Ok(response) if response.status().is_success() => owner.succeeded(response, deadline).await,
+        Ok(response) => {
+            owner.release().await;
+            Ok(answer(Outcome::Forwarded, proxy::downstream_response(response)))
         }
-        let deadline = Instant::now() + self.route.config.policy.upstream_timeout;
-        let result = tokio::select! {
-            biased;
-            () = self.gw.abandon.cancelled() => return self.abandon().await,
-            result = send(&self.gw, &self.route, req.head, Body::full(req.body), req.peer) => result,
-        };
-        match result {
-            Ok(response) if response.status().is_success() => self.succeeded(response, deadline).await,
-            Ok(response) => {
-                self.release().await;
-                Ok(answer(Outcome::Forwarded, proxy::downstream_response(response)))
+        Err(error) => {
+            let keep = matches!(error, UpstreamError::Timeout(_))
+                && owner.route.config.policy.on_upstream_timeout == OnUpstreamTimeout::Keep;
+            if !keep {
+                owner.release().await;
             }
-            Err(error) => {
-                let keep = matches!(error, UpstreamError::Timeout(_))
-                    && self.route.config.policy.on_upstream_timeout == OnUpstreamTimeout::Keep;
-                if !keep {
-                    self.release().await;
-                }
-                Err(forwarded(error))
-            }
+            Err(forwarded(error))
         }
     }
+}
 
+/// The claim's holder: what completes or releases it.
+struct Owner<'a>(&'a Task);
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = Task;
+
+    fn deref(&self) -> &Task {
+        self.0
+    }
+}
+
+impl Owner<'_> {
     async fn abandon(&self) -> Result<Answer, GatewayError> {
         tracing::warn!(route = %self.route.config.name, key = %self.key, "shutdown grace over: releasing the claim");
         self.release().await;
@@ -185,7 +164,7 @@ async fn capture(response: Response<Body>) -> Result<(Response<Body>, Option<Sto
     };
     Ok(match body::read_up_to(incoming, MAX_STORED_BODY).await? {
         Ok(bytes) => {
-            let stored = storable(head.status, head.headers.get(header::CONTENT_TYPE), &bytes);
+            let stored = storable(&head, &bytes);
             (Response::from_parts(head, Body::full(bytes)), stored)
         }
         Err(whole) => (Response::from_parts(head, whole), None),

@@ -56,11 +56,14 @@ impl fmt::Display for Token {
     }
 }
 
-/// A 2xx upstream response kept for `replay`.
+/// A 2xx upstream response kept for `replay`: what a client needs to read the body
+/// the same way again (a gzipped reply replayed without its `Content-Encoding` would be
+/// garbage to the sender).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: StatusCode,
     pub content_type: Option<HeaderValue>,
+    pub content_encoding: Option<HeaderValue>,
     pub body: Bytes,
 }
 

@@ -359,6 +359,8 @@ struct ResponseValue {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     content_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    content_encoding: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     body: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     body_base64: Option<String>,
@@ -370,9 +372,11 @@ fn completed_value(c: &Completion) -> String {
             Ok(text) => (Some(text.to_owned()), None),
             Err(_) => (None, Some(base64::engine::general_purpose::STANDARD.encode(&r.body))),
         };
+        let text = |v: &Option<HeaderValue>| v.as_ref().and_then(|v| v.to_str().ok()).map(str::to_owned);
         ResponseValue {
             status: r.status.as_u16(),
-            content_type: r.content_type.as_ref().and_then(|v| v.to_str().ok()).map(str::to_owned),
+            content_type: text(&r.content_type),
+            content_encoding: text(&r.content_encoding),
             body,
             body_base64,
         }
@@ -419,9 +423,11 @@ fn stored_response(r: ResponseValue) -> Result<StoredResponse, StoreError> {
             .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         (None, None) => Bytes::new(),
     };
+    let header = |v: Option<String>| v.and_then(|v| HeaderValue::from_str(&v).ok());
     Ok(StoredResponse {
         status,
-        content_type: r.content_type.and_then(|ct| HeaderValue::from_str(&ct).ok()),
+        content_type: header(r.content_type),
+        content_encoding: header(r.content_encoding),
         body,
     })
 }
@@ -517,6 +523,7 @@ mod tests {
                 response: Some(StoredResponse {
                     status: StatusCode::CREATED,
                     content_type: Some(HeaderValue::from_static("application/json")),
+                    content_encoding: Some(HeaderValue::from_static("gzip")),
                     body: body.clone(),
                 }),
             };

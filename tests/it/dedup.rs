@@ -572,3 +572,39 @@ async fn a_waiter_takes_over_an_expired_claim_and_then_has_the_upstream_timeout(
     );
     assert_eq!(upstream.count(), 1);
 }
+
+/// A bot that gzips its reply: the replayed duplicate must say so, or the sender reads
+/// compressed bytes as the body.
+#[tokio::test]
+async fn replay_keeps_the_content_encoding_of_a_compressed_reply() {
+    use std::io::{Read, Write};
+    let text = "{\"reply\":\"compressed hello\"}";
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(text.as_bytes()).expect("gzip");
+    let gzipped = bytes::Bytes::from(gz.finish().expect("gzip"));
+    let body = gzipped.clone();
+    let upstream = Upstream::with(move |_| {
+        let mut reply = Reply::new(200, body.clone());
+        reply.headers.push(("content-encoding", "gzip"));
+        async move { reply }
+    })
+    .await;
+    let gw = TestGateway::start(&Cfg::new().route("replay = true"), &upstream).await;
+    let client = gw.client();
+    let first = client.post("/hook", &msg("gz")).await;
+    assert_eq!(first.dedup(), "forwarded");
+    let again = client.post("/hook", &msg("gz")).await;
+    assert_eq!(again.dedup(), "replayed");
+    assert_eq!(
+        again.headers.get("content-encoding").map(|v| v.to_str().ok()),
+        Some(Some("gzip")),
+        "{again:?}"
+    );
+    assert_eq!(again.bytes, gzipped);
+    let mut decoded = String::new();
+    flate2::read::GzDecoder::new(&again.bytes[..])
+        .read_to_string(&mut decoded)
+        .expect("the replayed body decodes as the bot's gzip");
+    assert_eq!(decoded, text);
+    assert_eq!(upstream.count(), 1);
+}

@@ -2,6 +2,7 @@
 //! recording upstream, and real store servers where a test needs one.
 
 mod dedup;
+mod edges;
 mod ops;
 mod process;
 mod proxy;

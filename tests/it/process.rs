@@ -103,10 +103,39 @@ processing_ttl = "20s"
         "server.header_timout: unknown key (did you mean \"header_timeout\"?)",
         "routes[0].key[1]: unknown source \"jsn:/msgId\" (expected json:, xml:, header:, query:, form:, body)",
         "routes[0].completed_ttl: invalid duration \"24 hours please\"",
-        "routes[0].processing_ttl: 20s must exceed upstream_timeout (25s) + 2 x store.timeout (250ms)",
+        "routes[0].processing_ttl: 20s must exceed upstream_timeout (25s) + 4 x store.timeout (250ms) = 26s",
     ] {
         assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
     }
+}
+
+/// The marker must outlive a claim and its re-read, the upstream call, and a complete
+/// and its retry: 4 store timeouts, not 2.
+#[test]
+fn processing_ttl_must_cover_four_store_calls_besides_the_upstream() {
+    let cfg = |ttl: &str| {
+        Cfg::new()
+            .store("timeout = \"1s\"")
+            .route("upstream_timeout = \"25s\"")
+            .route(&format!("processing_ttl = \"{ttl}\""))
+            .toml("http://127.0.0.1:9")
+    };
+    let tight = TempFile::new("tight.toml", &cfg("28s"));
+    let out = run(&["check", "--config", tight.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("28s must exceed upstream_timeout (25s) + 4 x store.timeout (1s) = 29s"),
+        "{}",
+        text(&out.stderr)
+    );
+    let enough = TempFile::new("enough.toml", &cfg("30s"));
+    let out = run(&["check", "--config", enough.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("processing_ttl 30s (> 29s = upstream_timeout + 4 x store.timeout)"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]

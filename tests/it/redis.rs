@@ -24,6 +24,8 @@ fn redis_cfg(url: &str) -> Cfg {
 /// For the 12,000-request runs on a small CI machine: a store call stalled by CPU
 /// contention must not turn into a 503 and fail a test about deduplication.
 const LOADED_STORE_TIMEOUT: &str = "timeout = \"2s\"";
+/// ... and the marker then outlives upstream_timeout (25 s) + 4 x that timeout.
+const LOADED_PROCESSING_TTL: &str = "processing_ttl = \"40s\"";
 
 #[tokio::test]
 async fn values_are_readable_with_redis_cli() {
@@ -350,6 +352,7 @@ async fn three_gateway_processes_sharing_one_redis_deliver_each_id_once() {
     let upstream = slightly_slow_upstream().await;
     let cfg = redis_cfg(&server.url())
         .store(LOADED_STORE_TIMEOUT)
+        .route(LOADED_PROCESSING_TTL)
         .route("in_flight_wait = \"10s\"");
     three_gateways_deliver_each_of_3000_ids_once(&cfg, &upstream).await;
 }
@@ -386,6 +389,7 @@ async fn gateways_on_a_redis_cluster_deliver_each_id_once_with_keys_on_every_nod
         .store("backend = \"redis\"")
         .store(&cluster.seeds_toml())
         .store(LOADED_STORE_TIMEOUT)
+        .route(LOADED_PROCESSING_TTL)
         .route("in_flight_wait = \"10s\"");
     three_gateways_deliver_each_of_3000_ids_once(&cfg, &upstream).await;
     for node in &cluster.nodes {

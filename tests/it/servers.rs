@@ -215,11 +215,14 @@ impl RedisCluster {
 }
 
 /// A TCP proxy in front of Redis that can swallow the reply to the next claim
-/// (`SET ... NX`), as a broken network would: the request lands, the answer is lost.
+/// (`SET ... NX`), as a broken network would: the request lands, the answer is lost;
+/// or hold every reply back until told (a slow network: the command lands, its answer
+/// is late).
 pub struct SwallowingProxy {
     pub addr: SocketAddr,
     armed: Arc<AtomicUsize>,
     pub swallowed: Arc<AtomicUsize>,
+    held: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl SwallowingProxy {
@@ -228,16 +231,31 @@ impl SwallowingProxy {
         let addr = listener.local_addr().expect("addr");
         let armed = Arc::new(AtomicUsize::new(0));
         let swallowed = Arc::new(AtomicUsize::new(0));
-        let (a, s) = (Arc::clone(&armed), Arc::clone(&swallowed));
+        let held = Arc::new(tokio::sync::watch::Sender::new(false));
+        let (a, s, h) = (Arc::clone(&armed), Arc::clone(&swallowed), Arc::clone(&held));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                tokio::spawn(pipe(client, server, Arc::clone(&a), Arc::clone(&s)));
+                tokio::spawn(pipe(client, server, Arc::clone(&a), Arc::clone(&s), h.subscribe()));
             }
         });
-        SwallowingProxy { addr, armed, swallowed }
+        SwallowingProxy {
+            addr,
+            armed,
+            swallowed,
+            held,
+        }
+    }
+
+    /// Holds every reply back (commands still reach Redis) until [`Self::release`].
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    pub fn release(&self) {
+        self.held.send_replace(false);
     }
 
     pub fn url(&self) -> String {
@@ -250,7 +268,13 @@ impl SwallowingProxy {
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicUsize>, swallowed: Arc<AtomicUsize>) {
+async fn pipe(
+    client: TcpStream,
+    server: TcpStream,
+    armed: Arc<AtomicUsize>,
+    swallowed: Arc<AtomicUsize>,
+    mut held: tokio::sync::watch::Receiver<bool>,
+) {
     let (mut client_r, mut client_w) = client.into_split();
     let (mut server_r, mut server_w) = server.into_split();
     let drop_next = Arc::new(AtomicBool::new(false));
@@ -283,6 +307,9 @@ async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicUsize>, swa
             if drop_next.swap(false, Ordering::SeqCst) {
                 swallowed.fetch_add(1, Ordering::SeqCst);
                 continue;
+            }
+            if held.wait_for(|held| !*held).await.is_err() {
+                return;
             }
             if client_w.write_all(&buf[..n]).await.is_err() {
                 return;

@@ -55,6 +55,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
     let reply = StoredResponse {
         status: StatusCode::ACCEPTED,
         content_type: Some(HeaderValue::from_static("application/json")),
+        content_encoding: None,
         body: Bytes::from_static(b"{\"reply\":\"hi\"}"),
     };
     assert!(

@@ -65,16 +65,19 @@ impl Received {
 #[derive(Clone, Debug)]
 pub struct Reply {
     pub status: u16,
-    pub body: String,
+    pub body: Bytes,
     pub content_type: &'static str,
+    /// Further response headers.
+    pub headers: Vec<(&'static str, &'static str)>,
 }
 
 impl Reply {
-    pub fn new(status: u16, body: impl Into<String>) -> Self {
+    pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
         Reply {
             status,
             body: body.into(),
             content_type: "application/json",
+            headers: Vec::new(),
         }
     }
 }
@@ -146,11 +149,13 @@ impl Upstream {
                             }
                             log.1.notify_waiters();
                             let reply = behaviour(received).await;
-                            let response = http::Response::builder()
+                            let mut response = http::Response::builder()
                                 .status(reply.status)
-                                .header("content-type", reply.content_type)
-                                .body(Full::new(Bytes::from(reply.body)))
-                                .expect("response");
+                                .header("content-type", reply.content_type);
+                            for (name, value) in reply.headers {
+                                response = response.header(name, value);
+                            }
+                            let response = response.body(Full::new(reply.body)).expect("response");
                             Ok::<_, std::convert::Infallible>(response)
                         }
                     });
@@ -389,6 +394,8 @@ pub struct Resp {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: String,
+    /// The body as received, byte for byte.
+    pub bytes: Bytes,
 }
 
 impl Resp {
@@ -436,6 +443,7 @@ impl Client {
             status: head.status,
             headers: head.headers,
             body: String::from_utf8_lossy(&body).into_owned(),
+            bytes: body,
         }
     }
 }

@@ -53,7 +53,7 @@ async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         ("/readyz", true) if gw.is_ready() => text(StatusCode::OK, "ready\n"),
         ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", true) => {
-            let mut response = Response::new(Body::full(gw.metrics.render(gw.store.entries())));
+            let mut response = Response::new(Body::full(gw.metrics.render(gw.store.entries(), gw.store.bytes())));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

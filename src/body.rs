@@ -124,27 +124,26 @@ pub async fn read_limited(mut body: Incoming, limit: u64) -> Result<Bytes, ReadE
     Ok(first.unwrap_or_else(|| Bytes::from(rest)))
 }
 
-/// Reads at most `limit` bytes of a body. `Ok(Ok(bytes))` when the whole body fit;
-/// `Ok(Err(body))` when it did not, with a body that still yields every byte.
+/// Reads at most `limit` bytes of a body. `Ok(Ok(bytes))` when the whole body fit, in
+/// one allocation of its own sized exactly (so it may be stored: nothing of the
+/// connection's read buffer stays pinned by it); `Ok(Err(body))` when it did not, with a
+/// body that still yields every byte.
 pub async fn read_up_to(mut body: Incoming, limit: usize) -> Result<Result<Bytes, Body>, hyper::Error> {
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut total = 0usize;
+    // Copied chunk by chunk as it arrives, so hyper reuses its read buffer rather than
+    // allocating a new one while earlier chunks are held.
+    let mut bytes = Vec::with_capacity(usize::try_from(body.size_hint().lower()).unwrap_or(limit).min(limit));
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue;
         };
-        total += data.len();
-        chunks.push(data);
-        if total > limit {
+        if bytes.len() + data.len() > limit {
             return Ok(Err(Body::Prefixed {
-                head: chunks.into_iter(),
+                head: vec![Bytes::from(bytes), data].into_iter(),
                 rest: body,
             }));
         }
+        bytes.extend_from_slice(&data);
     }
-    Ok(Ok(match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => chunks.concat().into(),
-    }))
+    bytes.shrink_to_fit();
+    Ok(Ok(Bytes::from(bytes)))
 }

@@ -44,7 +44,7 @@ const READY_WINDOW: Duration = Duration::from_millis(1500);
 impl Gateway {
     pub fn new(config: &Config, store: AnyStore) -> Arc<Self> {
         let metrics = if store.entries().is_some() {
-            Metrics::new().with_store_entries()
+            Metrics::new().with_store_size()
         } else {
             Metrics::new()
         };

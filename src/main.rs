@@ -142,7 +142,9 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     );
     let st = &config.store;
     let backend = match &st.backend {
-        Backend::Memory { max_entries } => format!("memory (max_entries {max_entries})"),
+        Backend::Memory { max_entries, max_bytes } => {
+            format!("memory (max_entries {max_entries}, max_bytes {max_bytes})")
+        }
         Backend::Redis { target, pool_size } => format!("redis {target:?} (pool_size {pool_size})"),
     };
     println!(

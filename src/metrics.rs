@@ -137,6 +137,7 @@ pub struct Metrics {
     duplicate_age: HistogramFamily<RouteLabels>,
     store_ops: [(Histogram, Counter); StoreOp::ALL.len()],
     store_entries: Gauge<i64, AtomicI64>,
+    store_bytes: Gauge<i64, AtomicI64>,
     config_reloads: Family<ResultLabels, Counter>,
 }
 
@@ -187,6 +188,7 @@ impl Metrics {
             )
         });
         let store_entries = Gauge::<i64, AtomicI64>::default();
+        let store_bytes = Gauge::<i64, AtomicI64>::default();
         let config_reloads = Family::<ResultLabels, Counter>::default();
         // Both series exist from the start, so a scrape before the first reload reads 0.
         for result in ["success", "failure"] {
@@ -210,16 +212,23 @@ impl Metrics {
             duplicate_age,
             store_ops,
             store_entries,
+            store_bytes,
             config_reloads,
         }
     }
 
-    /// Adds `dedup_store_entries` (only stores that can count cheaply have it).
-    pub fn with_store_entries(mut self) -> Self {
+    /// Adds `dedup_store_entries` and `dedup_store_bytes` (only the memory store, which
+    /// counts both cheaply, has them).
+    pub fn with_store_size(mut self) -> Self {
         self.registry.register(
             "dedup_store_entries",
             "Markers held by the memory store",
             self.store_entries.clone(),
+        );
+        self.registry.register(
+            "dedup_store_bytes",
+            "Bytes held by the memory store, as max_bytes counts them (entries and stored replies)",
+            self.store_bytes.clone(),
         );
         self
     }
@@ -267,9 +276,12 @@ impl Metrics {
     }
 
     /// Renders the Prometheus text exposition, refreshing sampled gauges first.
-    pub fn render(&self, store_entries: Option<usize>) -> String {
+    pub fn render(&self, store_entries: Option<usize>, store_bytes: Option<u64>) -> String {
         if let Some(n) = store_entries {
             self.store_entries.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        if let Some(n) = store_bytes {
+            self.store_bytes.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let mut out = String::with_capacity(8 * 1024);
         // Writing into a String cannot fail.

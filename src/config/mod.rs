@@ -53,7 +53,7 @@ pub struct StoreConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
-    Memory { max_entries: usize },
+    Memory { max_entries: usize, max_bytes: u64 },
     Redis { target: RedisTarget, pool_size: usize },
 }
 
@@ -167,6 +167,7 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
     let mut s = section.unwrap_or_else(|| Section::new("store", &empty));
     let backend_name = s.string("backend", problems).unwrap_or("memory");
     let max_entries = s.integer("max_entries", u64::from(u32::MAX), problems);
+    let max_bytes = s.size("max_bytes", problems);
     let url = s.string("url", problems);
     let cluster = s.strings("cluster", problems);
     let pool_size = s.integer("pool_size", 4096, problems);
@@ -190,6 +191,13 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                     only_for(key, "redis", problems);
                 }
             }
+            let max_bytes = max_bytes.unwrap_or(256 << 20);
+            if max_bytes < MIN_MAX_BYTES {
+                problems.push(
+                    s.path_of("max_bytes"),
+                    format!("must be at least {MIN_MAX_BYTES} bytes (room for a few thousand ids)"),
+                );
+            }
             match max_entries.unwrap_or(1_000_000) {
                 0 => {
                     problems.push(s.path_of("max_entries"), "must be at least 1");
@@ -197,12 +205,18 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                 }
                 n => Some(Backend::Memory {
                     max_entries: n as usize,
+                    max_bytes,
                 }),
             }
         }
         "redis" => {
-            if max_entries.is_some() {
-                only_for("max_entries", "memory", problems);
+            for (key, set) in [
+                ("max_entries", max_entries.is_some()),
+                ("max_bytes", max_bytes.is_some()),
+            ] {
+                if set {
+                    only_for(key, "memory", problems);
+                }
             }
             let target = match (url, cluster) {
                 (Some(url), None) => redis_url(&s.path_of("url"), url, problems).map(RedisTarget::Standalone),
@@ -245,6 +259,9 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
         on_error,
     })
 }
+
+/// The smallest `max_bytes` accepted: a bound that holds almost nothing is a mistake.
+const MIN_MAX_BYTES: u64 = 64 << 10;
 
 fn redis_url(path: &str, url: &str, problems: &mut Problems) -> Option<String> {
     if url.starts_with("redis://") || url.starts_with("rediss://") {

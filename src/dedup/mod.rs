@@ -310,13 +310,3 @@ pub fn duplicate_response(route: &Route) -> Response<Body> {
         .insert(header::CONTENT_TYPE, dup.content_type.clone());
     response
 }
-
-/// A 2xx response worth storing for `replay`, or `None` if it cannot be replayed.
-fn storable(head: &http::response::Parts, body: &Bytes) -> Option<StoredResponse> {
-    (body.len() <= crate::store::MAX_STORED_BODY).then(|| StoredResponse {
-        status: head.status,
-        content_type: head.headers.get(header::CONTENT_TYPE).cloned(),
-        content_encoding: head.headers.get(header::CONTENT_ENCODING).cloned(),
-        body: body.clone(),
-    })
-}

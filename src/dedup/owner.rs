@@ -7,7 +7,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::policy::OnUpstreamTimeout;
-use super::{Answer, Request, Task, answer, send, storable, timed};
+use super::{Answer, Request, Task, answer, send, timed};
 use crate::body::{self, Body};
 use crate::error::GatewayError;
 use crate::metrics::StoreOp;
@@ -164,8 +164,12 @@ async fn capture(response: Response<Body>) -> Result<(Response<Body>, Option<Sto
     };
     Ok(match body::read_up_to(incoming, MAX_STORED_BODY).await? {
         Ok(bytes) => {
-            let stored = storable(&head, &bytes);
-            (Response::from_parts(head, Body::full(bytes)), stored)
+            // One allocation, shared by the sender's answer and the store.
+            let stored = StoredResponse::capture(&head, bytes);
+            (
+                Response::from_parts(head, Body::full(stored.body.clone())),
+                Some(stored),
+            )
         }
         Err(whole) => (Response::from_parts(head, whole), None),
     })

@@ -1,112 +1,212 @@
-//! The embedded store: one process, bounded by `max_entries`, TTLs on a monotonic
-//! clock, and never an eviction of a PROCESSING entry. Forgets everything on restart.
+//! The embedded store: one process, bounded by `max_entries` and `max_bytes`, TTLs on
+//! a monotonic clock, and never an eviction of a PROCESSING entry. Forgets everything
+//! on restart.
 //!
-//! When full, an expired entry makes room if there is one, else the oldest COMPLETED
-//! entry (by completion time): the newest ids are the ones retries need. Entries are
-//! queued per state and TTL, so each queue is in expiry order and both questions are
-//! answered from the queues' fronts, never by scanning the map. One mutex guards it
-//! all; critical sections are a hash lookup plus amortised-constant queue work.
+//! When a bound is reached, an expired entry makes room if there is one, else the
+//! oldest COMPLETED entry (by completion time): the newest ids are the ones retries
+//! need. Entries are queued per state and TTL, so each queue is in expiry order and
+//! both questions are answered from the queues' fronts, never by scanning. One mutex
+//! guards it all; critical sections are a hash lookup plus amortised-constant queue work.
+//!
+//! Compact by design (the store may hold a million ids in a small pod): a key is held
+//! as its 128-bit keyed SipHash digest, not as a string, so an entry is a fixed 64
+//! bytes in the table with no allocation of its own (two different keys would need
+//! about 2^64 ids to collide, and the hash key is random per process, so no sender can
+//! aim for a collision). A stored `replay` response is the only per-entry allocation.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::Hasher as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use hashbrown::HashTable;
+use http::HeaderValue;
+use siphasher::sip128::{Hasher128 as _, SipHasher13};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Claim, Completion, Marker, Store, StoreError, StoredResponse, Token};
+use super::{Claim, Completion, Marker, OWN_PAGES_MIN, PAGE, Store, StoreError, StoredResponse, Token};
 
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     max_entries: usize,
+    max_bytes: u64,
+    /// The SipHash key, random per process.
+    hash_key: (u64, u64),
 }
 
 struct Inner {
-    map: Map,
+    slots: Slots,
     processing: Queues,
     completed: Queues,
     next_seq: u64,
+    /// Expiry times are milliseconds since this instant.
+    epoch: Instant,
 }
 
-type Map = HashMap<Arc<str>, Entry>;
+/// The entries, what they cost, and who waits on them.
+struct Slots {
+    table: HashTable<Entry>,
+    /// The sum of [`Entry::cost`] over the table: what `max_bytes` bounds.
+    bytes: u64,
+    /// Requests waiting for a PROCESSING entry to change (few, and only while waiting).
+    waiters: HashMap<Digest, Arc<Notify>>,
+}
+
+/// A key as the store holds it: its 128-bit keyed SipHash (`.0` doubles as the table hash).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Digest(u64, u64);
 
 struct Entry {
-    state: State,
-    expires: Instant,
+    digest: Digest,
+    /// Milliseconds since [`Inner::epoch`].
+    expires: u64,
     first_seen_ms: u64,
     /// Changes whenever the entry changes state: queue items with another `seq` are stale.
     seq: u64,
+    state: State,
 }
 
 enum State {
-    Processing {
-        token: Token,
-        /// Created by the first waiter; woken when the marker completes or is released.
-        waiters: Option<Arc<Notify>>,
-    },
-    Completed {
-        response: Option<Arc<StoredResponse>>,
-    },
+    Processing(Token),
+    Completed(Option<Arc<StoredResponse>>),
 }
+
+/// A queue item: the entry's table hash and the `seq` it had when queued.
+#[derive(Clone, Copy)]
+struct Item {
+    hash: u64,
+    seq: u64,
+}
+
+/// What one entry costs against `max_bytes` besides a stored response: its table slot
+/// (with its control byte) and its queue item. Counted exactly, so the bound and the
+/// `dedup_store_bytes` gauge say the same thing.
+pub const ENTRY_BYTES: u64 = (std::mem::size_of::<Entry>() + 1 + std::mem::size_of::<Item>()) as u64;
 
 impl Entry {
     fn marker(&self) -> Marker {
         match &self.state {
-            State::Processing { token, .. } => Marker::Processing {
+            State::Processing(token) => Marker::Processing {
                 token: *token,
                 first_seen_ms: self.first_seen_ms,
             },
-            State::Completed { response } => Marker::Completed {
+            State::Completed(response) => Marker::Completed {
                 first_seen_ms: self.first_seen_ms,
                 response: response.clone(),
             },
         }
     }
 
-    fn held_by(&self, token: Token, now: Instant) -> bool {
-        matches!(self.state, State::Processing { token: t, .. } if t == token) && self.expires > now
+    fn held_by(&self, token: Token, now: u64) -> bool {
+        matches!(self.state, State::Processing(t) if t == token) && self.expires > now
+    }
+
+    fn cost(&self) -> u64 {
+        match &self.state {
+            State::Completed(Some(response)) => ENTRY_BYTES + response_bytes(response),
+            _ => ENTRY_BYTES,
+        }
     }
 }
 
-/// Keys in the order they entered one state, one FIFO per TTL (a route setting, so
-/// there are few): within a FIFO, insertion order is expiry order.
-#[derive(Default)]
-struct Queues(Vec<(Duration, Fifo)>);
+/// The bytes a stored response holds: the struct behind its `Arc` (with the counts),
+/// the body (whole pages when it has pages of its own) and the header values.
+fn response_bytes(r: &StoredResponse) -> u64 {
+    let header = |v: &Option<HeaderValue>| v.as_ref().map_or(0, |v| v.len());
+    let body = match r.body.len() {
+        n if n >= OWN_PAGES_MIN => n.next_multiple_of(PAGE),
+        n => n,
+    };
+    (std::mem::size_of::<StoredResponse>() + 16 + body + header(&r.content_type) + header(&r.content_encoding)) as u64
+}
 
-/// Keys with the `seq` they had when queued.
-type Fifo = VecDeque<(Arc<str>, u64)>;
+impl Slots {
+    fn find(&self, d: Digest) -> Option<&Entry> {
+        self.table.find(d.0, |e| e.digest == d)
+    }
+
+    fn find_mut(&mut self, d: Digest) -> Option<&mut Entry> {
+        self.table.find_mut(d.0, |e| e.digest == d)
+    }
+
+    /// The entry a queue item refers to, if the item is current.
+    fn current(&self, item: Item) -> Option<&Entry> {
+        self.table.find(item.hash, |e| e.seq == item.seq)
+    }
+
+    fn insert(&mut self, entry: Entry) {
+        self.bytes += entry.cost();
+        self.table.insert_unique(entry.digest.0, entry, |e| e.digest.0);
+    }
+
+    /// Removes the entry `eq` picks out among those with this hash.
+    fn remove(&mut self, hash: u64, eq: impl FnMut(&Entry) -> bool) -> Option<Entry> {
+        let (entry, _) = self.table.find_entry(hash, eq).ok()?.remove();
+        self.bytes -= entry.cost();
+        self.wake(entry.digest);
+        Some(entry)
+    }
+
+    /// Replaces an entry's state, keeping the byte count exact and waking its waiters.
+    fn change(&mut self, d: Digest, expires: u64, seq: u64, state: State) {
+        let Some(entry) = self.table.find_mut(d.0, |e| e.digest == d) else {
+            return;
+        };
+        let before = entry.cost();
+        entry.state = state;
+        entry.expires = expires;
+        entry.seq = seq;
+        let after = entry.cost();
+        self.bytes = self.bytes - before + after;
+        self.wake(d);
+    }
+
+    fn wake(&mut self, d: Digest) {
+        if !self.waiters.is_empty()
+            && let Some(notify) = self.waiters.remove(&d)
+        {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// Items in the order their entries entered one state, one FIFO per TTL (a route
+/// setting, so there are few): within a FIFO, insertion order is expiry order.
+#[derive(Default)]
+struct Queues(Vec<(u64, VecDeque<Item>)>);
 
 impl Queues {
-    fn push(&mut self, ttl: Duration, key: Arc<str>, seq: u64) {
+    fn push(&mut self, ttl: u64, item: Item) {
         match self.0.iter_mut().find(|(t, _)| *t == ttl) {
-            Some((_, q)) => q.push_back((key, seq)),
-            None => self.0.push((ttl, VecDeque::from([(key, seq)]))),
+            Some((_, q)) => q.push_back(item),
+            None => self.0.push((ttl, VecDeque::from([item]))),
         }
     }
 
     /// The current front of queue `i` (its `seq` and expiry), after dropping stale items.
-    fn front(&mut self, i: usize, map: &Map) -> Option<(u64, Instant)> {
+    fn front(&mut self, i: usize, slots: &Slots) -> Option<(u64, u64)> {
         let queue = &mut self.0[i].1;
-        while let Some((key, seq)) = queue.front() {
-            match map.get(key) {
-                Some(e) if e.seq == *seq => return Some((*seq, e.expires)),
-                _ => drop(queue.pop_front()),
+        while let Some(item) = queue.front() {
+            match slots.current(*item) {
+                Some(e) => return Some((e.seq, e.expires)),
+                None => drop(queue.pop_front()),
             }
         }
         None
     }
 
-    fn remove_front(&mut self, i: usize, map: &mut Map) {
-        if let Some((key, _)) = self.0[i].1.pop_front() {
-            map.remove(&key);
+    fn remove_front(&mut self, i: usize, slots: &mut Slots) {
+        if let Some(item) = self.0[i].1.pop_front() {
+            slots.remove(item.hash, |e| e.seq == item.seq);
         }
     }
 
     /// Removes one expired entry of this state, if any queue starts with one.
-    fn remove_expired(&mut self, map: &mut Map, now: Instant) -> bool {
+    fn remove_expired(&mut self, slots: &mut Slots, now: u64) -> bool {
         for i in 0..self.0.len() {
-            if self.front(i, map).is_some_and(|(_, expires)| expires <= now) {
-                self.remove_front(i, map);
+            if self.front(i, slots).is_some_and(|(_, expires)| expires <= now) {
+                self.remove_front(i, slots);
                 return true;
             }
         }
@@ -114,19 +214,22 @@ impl Queues {
     }
 
     /// Removes the entry that entered this state first.
-    fn remove_oldest(&mut self, map: &mut Map) -> bool {
-        let oldest = (0..self.0.len()).filter_map(|i| Some((self.front(i, map)?.0, i))).min();
+    fn remove_oldest(&mut self, slots: &mut Slots) -> bool {
+        let oldest = (0..self.0.len())
+            .filter_map(|i| Some((self.front(i, slots)?.0, i)))
+            .min();
         oldest.is_some_and(|(_, i)| {
-            self.remove_front(i, map);
+            self.remove_front(i, slots);
             true
         })
     }
 
     /// Drops every stale item once stale items pile up behind a long-lived front.
-    fn compact(&mut self, map: &Map, limit: usize) {
+    fn compact(&mut self, slots: &Slots, limit: usize) {
         if self.0.iter().map(|(_, q)| q.len()).sum::<usize>() > limit {
             for (_, queue) in &mut self.0 {
-                queue.retain(|(key, seq)| map.get(key).is_some_and(|e| e.seq == *seq));
+                queue.retain(|item| slots.current(*item).is_some());
+                queue.shrink_to_fit();
             }
         }
     }
@@ -136,15 +239,28 @@ impl Queues {
 const SWEEP_PER_CLAIM: usize = 2;
 
 impl MemoryStore {
-    pub fn new(max_entries: usize) -> Self {
+    pub fn new(max_entries: usize, max_bytes: u64) -> Self {
+        let mut seed = [0u8; 16];
+        // Without OS randomness the digest is still a good hash; only its resistance to
+        // a sender searching for collisions would rest on the id space.
+        let _ = getrandom::fill(&mut seed);
+        let (k0, k1) = seed.split_at(8);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
         MemoryStore {
             inner: Mutex::new(Inner {
-                map: HashMap::new(),
+                slots: Slots {
+                    table: HashTable::new(),
+                    bytes: 0,
+                    waiters: HashMap::new(),
+                },
                 processing: Queues::default(),
                 completed: Queues::default(),
                 next_seq: 0,
+                epoch: Instant::now(),
             }),
             max_entries: max_entries.max(1),
+            max_bytes,
+            hash_key: (word(k0), word(k1)),
         }
     }
 
@@ -153,28 +269,41 @@ impl MemoryStore {
         // that matters more than losing the whole store, so keep serving.
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn digest(&self, key: &str) -> Digest {
+        let mut h = SipHasher13::new_with_keys(self.hash_key.0, self.hash_key.1);
+        h.write(key.as_bytes());
+        let h = h.finish128();
+        Digest(h.h1, h.h2)
+    }
+
+    /// Whether an entry of `cost` more bytes (and, if `new`, one more entry) fits.
+    fn fits(&self, slots: &Slots, cost: u64, new: bool) -> bool {
+        (!new || slots.table.len() < self.max_entries) && slots.bytes + cost <= self.max_bytes
+    }
 }
 
 impl Inner {
-    fn live(&self, key: &str, now: Instant) -> Option<&Entry> {
-        self.map.get(key).filter(|e| e.expires > now)
+    fn now(&self) -> u64 {
+        millis(Instant::now().saturating_duration_since(self.epoch))
     }
 
     /// Removes up to `budget` expired entries.
-    fn sweep(&mut self, now: Instant, budget: usize) {
+    fn sweep(&mut self, now: u64, budget: usize) {
         for _ in 0..budget {
-            if !self.processing.remove_expired(&mut self.map, now) && !self.completed.remove_expired(&mut self.map, now)
+            if !self.processing.remove_expired(&mut self.slots, now)
+                && !self.completed.remove_expired(&mut self.slots, now)
             {
                 return;
             }
         }
     }
 
-    /// Frees one slot: an expired entry if there is one, else the oldest COMPLETED.
-    fn make_room(&mut self, now: Instant) -> bool {
-        self.processing.remove_expired(&mut self.map, now)
-            || self.completed.remove_expired(&mut self.map, now)
-            || self.completed.remove_oldest(&mut self.map)
+    /// Frees one entry: an expired one if there is one, else the oldest COMPLETED.
+    fn make_room(&mut self, now: u64) -> bool {
+        self.processing.remove_expired(&mut self.slots, now)
+            || self.completed.remove_expired(&mut self.slots, now)
+            || self.completed.remove_oldest(&mut self.slots)
     }
 
     fn seq(&mut self) -> u64 {
@@ -183,104 +312,114 @@ impl Inner {
     }
 }
 
+/// A duration in whole milliseconds, rounded up (a TTL never shrinks).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 impl Store for MemoryStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        let now = Instant::now();
+        let d = self.digest(key);
         let mut guard = self.lock();
         let inner = &mut *guard;
+        let now = inner.now();
         inner.sweep(now, SWEEP_PER_CLAIM);
-        if let Some(entry) = inner.live(key, now) {
-            return Ok(Claim::Found(entry.marker()));
-        }
+        let ttl = millis(ttl);
+        let expired = match inner.slots.find(d) {
+            Some(entry) if entry.expires > now => return Ok(Claim::Found(entry.marker())),
+            Some(_) => true,
+            None => false,
+        };
         let seq = inner.seq();
-        let entry = Entry {
-            state: State::Processing { token, waiters: None },
-            expires: now + ttl,
-            first_seen_ms,
-            seq,
-        };
-        // An expired entry keeps its slot (and key allocation); anyone still waiting on
-        // it must look again.
-        let expired = inner.map.get_key_value(key).map(|(k, _)| Arc::clone(k));
-        let key = match expired {
-            Some(key) => {
-                if let Some(old) = inner.map.insert(Arc::clone(&key), entry) {
-                    wake(old.state);
-                }
-                key
+        if expired {
+            // The expired entry's slot is reused; anyone still waiting on it looks again.
+            if let Some(entry) = inner.slots.find_mut(d) {
+                entry.first_seen_ms = first_seen_ms;
             }
-            None => {
-                if inner.map.len() >= self.max_entries && !inner.make_room(now) {
-                    return Err(StoreError::Full(inner.map.len()));
+            inner.slots.change(d, now + ttl, seq, State::Processing(token));
+        } else {
+            while !self.fits(&inner.slots, ENTRY_BYTES, true) {
+                if !inner.make_room(now) {
+                    return Err(StoreError::Full(inner.slots.table.len()));
                 }
-                let key: Arc<str> = Arc::from(key);
-                inner.map.insert(Arc::clone(&key), entry);
-                key
             }
-        };
-        inner.processing.push(ttl, key, seq);
-        inner.processing.compact(&inner.map, 2 * self.max_entries);
+            inner.slots.insert(Entry {
+                digest: d,
+                expires: now + ttl,
+                first_seen_ms,
+                seq,
+                state: State::Processing(token),
+            });
+        }
+        inner.processing.push(ttl, Item { hash: d.0, seq });
+        inner.processing.compact(&inner.slots, 2 * self.max_entries);
         Ok(Claim::Claimed)
     }
 
     async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
-        let now = Instant::now();
+        let d = self.digest(key);
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let Some((key, entry)) = inner.map.get_key_value(key).filter(|(_, e)| e.held_by(token, now)) else {
+        let now = inner.now();
+        if !inner.slots.find(d).is_some_and(|e| e.held_by(token, now)) {
             return Ok(false);
-        };
-        let (key, first_seen_ms) = (Arc::clone(key), entry.first_seen_ms);
-        let seq = inner.seq();
-        let entry = Entry {
-            state: State::Completed {
-                response: completion.response.map(Arc::new),
-            },
-            expires: now + completion.ttl,
-            first_seen_ms,
-            seq,
-        };
-        let old = inner.map.insert(Arc::clone(&key), entry);
-        inner.completed.push(completion.ttl, key, seq);
-        inner.completed.compact(&inner.map, 2 * self.max_entries);
-        drop(guard);
-        if let Some(old) = old {
-            wake(old.state);
         }
+        // `StoredResponse::capture` made the reply's allocations exact: counted as they are.
+        let mut response = completion.response;
+        if let Some(extra) = response.as_ref().map(response_bytes) {
+            // Room for the reply, by the same rule (this entry is PROCESSING and live, so
+            // it is never the one evicted); if even that is not enough, keep the
+            // COMPLETED marker without the reply: duplicates get the duplicate answer.
+            while !self.fits(&inner.slots, extra, false) {
+                if !inner.make_room(now) {
+                    response = None;
+                    break;
+                }
+            }
+        }
+        let ttl = millis(completion.ttl);
+        let seq = inner.seq();
+        inner
+            .slots
+            .change(d, now + ttl, seq, State::Completed(response.map(Arc::new)));
+        inner.completed.push(ttl, Item { hash: d.0, seq });
+        inner.completed.compact(&inner.slots, 2 * self.max_entries);
         Ok(true)
     }
+
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
-        let now = Instant::now();
+        let d = self.digest(key);
         let mut inner = self.lock();
-        if !inner.map.get(key).is_some_and(|e| e.held_by(token, now)) {
-            return Ok(false);
-        }
-        let old = inner.map.remove(key);
-        drop(inner);
-        if let Some(old) = old {
-            wake(old.state);
-        }
-        Ok(true)
+        let now = inner.now();
+        Ok(inner
+            .slots
+            .remove(d.0, |e| e.digest == d && e.held_by(token, now))
+            .is_some())
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
-        Ok(self.lock().live(key, Instant::now()).map(Entry::marker))
+        let d = self.digest(key);
+        let inner = self.lock();
+        let now = inner.now();
+        Ok(inner.slots.find(d).filter(|e| e.expires > now).map(Entry::marker))
     }
 
     async fn wait(&self, key: &str, holder: Token, _attempt: u32, max: Duration) {
-        let now = Instant::now();
+        let d = self.digest(key);
         let (notified, limit) = {
             let mut inner = self.lock();
-            let Some(entry) = inner.map.get_mut(key).filter(|e| e.held_by(holder, now)) else {
+            let now = inner.now();
+            let Some(expires) = inner
+                .slots
+                .find(d)
+                .filter(|e| e.held_by(holder, now))
+                .map(|e| e.expires)
+            else {
                 return; // already changed: look again at once
             };
-            let limit = max.min(entry.expires - now);
-            let State::Processing { waiters, .. } = &mut entry.state else {
-                return;
-            };
-            let notify = Arc::clone(waiters.get_or_insert_with(Default::default));
-            // Registered before the lock is released, so a completion in between still wakes us.
-            (notify.notified_owned(), limit)
+            let notify = Arc::clone(inner.slots.waiters.entry(d).or_default());
+            // Registered before the lock is released, so a change in between still wakes us.
+            (notify.notified_owned(), max.min(Duration::from_millis(expires - now)))
         };
         let _ = tokio::time::timeout(limit, notified).await;
     }
@@ -290,13 +429,11 @@ impl Store for MemoryStore {
     }
 
     fn entries(&self) -> Option<usize> {
-        Some(self.lock().map.len())
+        Some(self.lock().slots.table.len())
     }
-}
 
-fn wake(state: State) {
-    if let State::Processing { waiters: Some(n), .. } = state {
-        n.notify_waiters();
+    fn bytes(&self) -> Option<u64> {
+        Some(self.lock().slots.bytes)
     }
 }
 
@@ -308,10 +445,8 @@ mod tests {
 
     impl MemoryStore {
         fn has_waiters(&self, key: &str) -> bool {
-            matches!(
-                self.lock().map.get(key).map(|e| &e.state),
-                Some(State::Processing { waiters: Some(_), .. })
-            )
+            let d = self.digest(key);
+            self.lock().slots.waiters.contains_key(&d)
         }
     }
 
@@ -325,7 +460,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn claim_complete_release_follow_the_token() {
-        let s = MemoryStore::new(10);
+        let s = MemoryStore::new(10, u64::MAX);
         let (a, b) = (Token::generate(), Token::generate());
         assert_eq!(s.claim("k", a, 1, TTL).await.expect("claim"), Claim::Claimed);
         assert!(
@@ -346,7 +481,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn markers_expire_and_duplicates_do_not_refresh_them() {
-        let s = MemoryStore::new(10);
+        let s = MemoryStore::new(10, u64::MAX);
         let a = Token::generate();
         s.claim("k", a, 1, TTL).await.expect("claim");
         s.complete("k", a, done(Duration::from_secs(60)))
@@ -368,7 +503,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn full_store_evicts_oldest_completed_never_processing() {
-        let s = MemoryStore::new(3);
+        let s = MemoryStore::new(3, u64::MAX);
         for k in ["a", "b", "c"] {
             let t = Token::generate();
             s.claim(k, t, 1, TTL).await.expect("claim");
@@ -398,7 +533,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn full_store_prefers_expired_entries_of_any_ttl_to_live_ones() {
-        let s = MemoryStore::new(3);
+        let s = MemoryStore::new(3, u64::MAX);
         let long = Token::generate();
         s.claim("long", long, 1, TTL).await.expect("claim");
         s.complete("long", long, done(Duration::from_secs(3600)))
@@ -430,7 +565,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn waiters_wake_on_completion_not_before() {
-        let s = Arc::new(MemoryStore::new(10));
+        let s = Arc::new(MemoryStore::new(10, u64::MAX));
         let a = Token::generate();
         s.claim("k", a, 1, TTL).await.expect("claim");
         let waiter = tokio::spawn({
@@ -453,9 +588,114 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn wait_returns_at_once_when_holder_changed() {
-        let s = MemoryStore::new(10);
+        let s = MemoryStore::new(10, u64::MAX);
         let start = Instant::now();
         s.wait("nothing", Token::generate(), 0, Duration::from_secs(10)).await;
         assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    fn reply(len: usize) -> StoredResponse {
+        StoredResponse {
+            status: http::StatusCode::OK,
+            content_type: Some(HeaderValue::from_static("text/plain")),
+            content_encoding: None,
+            body: bytes::Bytes::from(vec![b'x'; len]),
+        }
+    }
+
+    fn with_reply(len: usize) -> Completion {
+        Completion {
+            first_seen_ms: 1,
+            ttl: TTL,
+            response: Some(reply(len)),
+        }
+    }
+
+    #[test]
+    fn an_entry_is_a_64_byte_slot_with_no_allocation_of_its_own() {
+        assert_eq!(std::mem::size_of::<Entry>(), 64);
+        assert_eq!(ENTRY_BYTES, 81, "slot + control byte + queue item");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_are_counted_exactly_through_every_transition() {
+        let s = MemoryStore::new(100, u64::MAX);
+        let (a, b) = (Token::generate(), Token::generate());
+        s.claim("a", a, 1, TTL).await.expect("claim");
+        s.claim("b", b, 1, TTL).await.expect("claim");
+        assert_eq!(s.bytes(), Some(2 * ENTRY_BYTES));
+        s.complete("a", a, with_reply(1000)).await.expect("complete");
+        let a_bytes = ENTRY_BYTES + response_bytes(&reply(1000));
+        assert_eq!(
+            a_bytes,
+            ENTRY_BYTES + (std::mem::size_of::<StoredResponse>() + 16 + 1000 + 10) as u64
+        );
+        assert_eq!(s.bytes(), Some(a_bytes + ENTRY_BYTES));
+        s.release("b", b).await.expect("release");
+        assert_eq!(s.bytes(), Some(a_bytes));
+        // Expired, then reclaimed in place: the reply's bytes go with the old state.
+        tokio::time::advance(TTL * 2).await;
+        s.claim("a", Token::generate(), 2, TTL).await.expect("claim");
+        assert_eq!(s.bytes(), Some(ENTRY_BYTES));
+        // A large reply is counted in whole pages (it has pages of its own).
+        let c = Token::generate();
+        s.claim("c", c, 1, TTL).await.expect("claim");
+        s.complete("c", c, with_reply(OWN_PAGES_MIN + 1))
+            .await
+            .expect("complete");
+        let pages = (OWN_PAGES_MIN + 1).next_multiple_of(PAGE);
+        assert_eq!(
+            s.bytes(),
+            Some(3 * ENTRY_BYTES + (std::mem::size_of::<StoredResponse>() + 16 + pages + 10) as u64 - ENTRY_BYTES)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_bytes_evicts_the_oldest_completed_and_never_processing() {
+        let per = ENTRY_BYTES + response_bytes(&reply(1000));
+        let s = MemoryStore::new(1000, 3 * per);
+        for k in ["a", "b", "c", "d"] {
+            let t = Token::generate();
+            s.claim(k, t, 1, TTL).await.expect("claim");
+            assert!(s.complete(k, t, with_reply(1000)).await.expect("complete"));
+            assert!(s.bytes().is_some_and(|b| b <= 3 * per));
+        }
+        assert_eq!(
+            s.get("a").await.expect("get"),
+            None,
+            "oldest completed evicted for bytes"
+        );
+        for k in ["b", "c", "d"] {
+            assert!(matches!(
+                s.get(k).await.expect("get"),
+                Some(Marker::Completed { response: Some(_), .. })
+            ));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_that_cannot_fit_is_dropped_but_its_marker_kept() {
+        let s = MemoryStore::new(1000, 4 * ENTRY_BYTES);
+        let mut held = Vec::new();
+        for k in ["p1", "p2", "p3"] {
+            let t = Token::generate();
+            s.claim(k, t, 1, TTL).await.expect("claim");
+            held.push(t);
+        }
+        // Only PROCESSING entries: nothing may be evicted to make room for a reply.
+        assert!(s.complete("p1", held[0], with_reply(10_000)).await.expect("complete"));
+        assert!(matches!(
+            s.get("p1").await.expect("get"),
+            Some(Marker::Completed { response: None, .. })
+        ));
+        assert_eq!(s.bytes(), Some(3 * ENTRY_BYTES));
+        s.claim("p4", Token::generate(), 1, TTL).await.expect("fits exactly");
+        // Full of PROCESSING (and p1, COMPLETED, goes first).
+        s.claim("p5", Token::generate(), 1, TTL).await.expect("evicts p1");
+        assert_eq!(s.get("p1").await.expect("get"), None);
+        assert!(matches!(
+            s.claim("p6", Token::generate(), 1, TTL).await,
+            Err(StoreError::Full(4))
+        ));
     }
 }

@@ -23,9 +23,13 @@ pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
 /// Identifies the one request that holds a PROCESSING marker. Unique across replicas:
-/// 64 random bits per process, 64 bits of counter.
+/// 64 random bits per process, 64 bits of counter. (Two words rather than a `u128`,
+/// whose 16-byte alignment would pad every memory store entry.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Token(u128);
+pub struct Token {
+    process: u64,
+    counter: u64,
+}
 
 impl Token {
     pub fn generate() -> Self {
@@ -41,18 +45,23 @@ impl Token {
             }
             u64::from_le_bytes(seed)
         });
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        Token((u128::from(process) << 64) | u128::from(n))
+        Token {
+            process,
+            counter: COUNTER.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     pub fn from_u128(value: u128) -> Self {
-        Token(value)
+        Token {
+            process: (value >> 64) as u64,
+            counter: value as u64,
+        }
     }
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        write!(f, "{:016x}{:016x}", self.process, self.counter)
     }
 }
 
@@ -65,6 +74,52 @@ pub struct StoredResponse {
     pub content_type: Option<HeaderValue>,
     pub content_encoding: Option<HeaderValue>,
     pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// What `replay` needs of a received response, in allocations of its own. Header
+    /// values hyper parsed are slices of the connection's read buffer: kept as they
+    /// are, every stored reply would pin a whole buffer (measured: 64 MiB of replies
+    /// held 250 MiB) and the memory store's byte count would be fiction. `body` must own
+    /// its allocation ([`crate::body::read_up_to`] gives such bytes).
+    pub fn capture(head: &http::response::Parts, body: Bytes) -> Self {
+        let copy = |name| {
+            head.headers
+                .get(name)
+                .and_then(|v: &HeaderValue| HeaderValue::from_bytes(v.as_bytes()).ok())
+        };
+        StoredResponse {
+            status: head.status,
+            content_type: copy(http::header::CONTENT_TYPE),
+            content_encoding: copy(http::header::CONTENT_ENCODING),
+            body: own_pages(body),
+        }
+    }
+}
+
+/// Stored replies of at least this size get pages of their own (see [`own_pages`]).
+pub const OWN_PAGES_MIN: usize = 32 * 1024;
+
+/// The page size [`own_pages`] rounds to, for the memory store's byte count.
+pub const PAGE: usize = 4096;
+
+/// Moves a large reply into an anonymous mapping of its own. Stored replies live long
+/// and are evicted oldest first while new ones arrive; in malloc's heap the holes they
+/// leave are split by short-lived buffers and not reused (measured with 64 KiB replies:
+/// RSS 100 MiB for 64 MiB stored). A mapping goes back to the system the moment its
+/// reply is evicted. If the system refuses a mapping, the heap copy is kept.
+fn own_pages(body: Bytes) -> Bytes {
+    if body.len() < OWN_PAGES_MIN {
+        return body;
+    }
+    let Ok(mut pages) = memmap2::MmapOptions::new().len(body.len()).populate().map_anon() else {
+        return body;
+    };
+    pages.copy_from_slice(&body);
+    match pages.make_read_only() {
+        Ok(pages) => Bytes::from_owner(pages),
+        Err(_) => body,
+    }
 }
 
 /// The largest response body `replay` stores; larger ones get the duplicate answer.
@@ -172,6 +227,11 @@ pub trait Store: Send + Sync + 'static {
     fn entries(&self) -> Option<usize> {
         None
     }
+
+    /// Bytes held as `max_bytes` counts them, for stores that bound it (memory).
+    fn bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The configured backend, chosen at start.
@@ -217,12 +277,16 @@ impl Store for AnyStore {
     fn entries(&self) -> Option<usize> {
         each_backend!(self, s => s.entries())
     }
+
+    fn bytes(&self) -> Option<u64> {
+        each_backend!(self, s => s.bytes())
+    }
 }
 
 /// Opens the configured store (for Redis: connects and checks the server first).
 pub async fn connect(config: &StoreConfig) -> Result<AnyStore, StoreError> {
     match &config.backend {
-        Backend::Memory { max_entries } => Ok(AnyStore::Memory(MemoryStore::new(*max_entries))),
+        Backend::Memory { max_entries, max_bytes } => Ok(AnyStore::Memory(MemoryStore::new(*max_entries, *max_bytes))),
         Backend::Redis { target, pool_size } => RedisStore::connect(target, *pool_size, config.timeout)
             .await
             .map(AnyStore::Redis),

@@ -5,8 +5,9 @@
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::process::GatewayProcess;
 use crate::servers::{RedisServer, SwallowingProxy};
-use crate::support::{Cfg, Gate, TestGateway, Upstream, eventually, msg};
+use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, eventually, metric_value, msg};
 
 fn redis_cfg(url: &str) -> Cfg {
     Cfg::new()
@@ -88,4 +89,57 @@ async fn a_waiting_duplicate_is_never_forwarded_when_the_store_fails() {
     gate.open(1);
     assert_eq!(first.await.expect("first").dedup(), "forwarded");
     assert_eq!(upstream.count(), 1, "the waiting duplicate was never forwarded");
+}
+
+/// `replay` with 64 KiB replies: 10,000 of them would be 640 MiB. `max_bytes` keeps
+/// the process within its bound plus a fixed overhead, evicting the oldest COMPLETED
+/// replies, so the newest ids (the ones retries need) still dedup.
+#[tokio::test]
+async fn replayed_replies_stay_within_max_bytes_and_the_newest_ids_still_dedup() {
+    const MIB: u64 = 1 << 20;
+    let reply = bytes::Bytes::from(vec![b'r'; 64 * 1024]);
+    let upstream = Upstream::with(move |_| {
+        let reply = Reply::new(200, reply.clone());
+        async move { reply }
+    })
+    .await;
+    let cfg = Cfg::new().store("max_bytes = \"64MiB\"").route("replay = true");
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let client = Client::http1(gw.addr);
+    let id = |i: usize| format!("big-{i}");
+    let mut sent = 0;
+    while sent < 10_000 {
+        let batch: Vec<_> = (sent..sent + 16)
+            .map(|i| {
+                let (c, body) = (client.clone(), msg(&id(i)));
+                tokio::spawn(async move { c.post("/hook", &body).await })
+            })
+            .collect();
+        for task in batch {
+            let r = task.await.expect("request");
+            assert_eq!((r.status.as_u16(), r.dedup()), (200, "forwarded"));
+        }
+        sent += 16;
+    }
+    // Anonymous memory: what the heap, the store and the buffers hold. (The test runs
+    // the debug binary, whose own file-backed pages are several times a release build's.)
+    let rss = gw.memory("RssAnon");
+    assert!(rss < 64 * MIB + 20 * MIB, "RssAnon {} MiB", rss / MIB);
+    for i in sent - 100..sent {
+        let again = client.post("/hook", &msg(&id(i))).await;
+        assert_eq!(again.dedup(), "replayed", "newest id {i}");
+        assert_eq!(again.bytes.len(), 64 * 1024);
+    }
+    let admin = Client::http1(gw.admin.expect("admin"));
+    let text = admin.send(http::Method::GET, "/metrics", &[], "").await.body;
+    let bytes = metric_value(&text, "dedup_store_bytes");
+    assert!(bytes <= (64 * MIB) as f64 && bytes > (60 * MIB) as f64, "{bytes}");
+    // The bound bit: the oldest replies are gone (their COMPLETED markers too, by the
+    // same eviction rule), so the first id is delivered again.
+    assert_eq!(client.post("/hook", &msg(&id(0))).await.dedup(), "forwarded");
+    println!(
+        "10,000 x 64 KiB replies, max_bytes 64 MiB: RssAnon {} MiB (VmRSS {} MiB), dedup_store_bytes {bytes}",
+        rss / MIB,
+        gw.memory("VmRSS") / MIB
+    );
 }

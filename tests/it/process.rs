@@ -261,6 +261,19 @@ impl GatewayProcess {
         }
     }
 
+    /// A field of the process's `/proc/<pid>/status` in bytes, e.g. `VmRSS` (all
+    /// resident memory) or `RssAnon` (without the pages of the binary itself, which a
+    /// debug build makes large).
+    pub fn memory(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {status}"));
+        kib * 1024
+    }
+
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .args([&format!("-{name}"), &self.child.id().to_string()])

@@ -109,7 +109,7 @@ pub async fn redis_store(url: String) -> RedisStore {
 
 #[tokio::test]
 async fn memory_store_keeps_the_contract() {
-    contract(&MemoryStore::new(100), "memory").await;
+    contract(&MemoryStore::new(100, u64::MAX), "memory").await;
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use dedup_gateway::store::Store as _;
 use dedup_gateway::{Config, Gateway, Listeners};
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -335,9 +336,7 @@ impl TestGateway {
 
     /// The Prometheus text the admin listener would serve.
     pub fn metrics(&self) -> String {
-        self.gw
-            .metrics
-            .render(dedup_gateway::store::Store::entries(&self.gw.store))
+        self.gw.metrics.render(self.gw.store.entries(), self.gw.store.bytes())
     }
 
     /// The value of one sample line, e.g. `dedup_requests_total{route="bot",outcome="forwarded"}`.

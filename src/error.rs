@@ -7,7 +7,17 @@ use http::{Response, StatusCode};
 use crate::body::Body;
 use crate::outcome::Outcome;
 use crate::proxy::UpstreamError;
+use crate::senders::{Failure, Rejection};
 use crate::store::StoreError;
+
+impl From<Failure> for GatewayError {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Rejected(why) => GatewayError::Rejected(why),
+            Failure::Refused(_) => GatewayError::ForbiddenXml,
+        }
+    }
+}
 
 /// The answer for a path no route serves (no `x-dedup-status`: it is on no route).
 pub fn not_found() -> Response<Body> {
@@ -29,6 +39,12 @@ pub enum GatewayError {
     BadBody(#[source] hyper::Error),
     #[error("no dedup key in the request")]
     MissingKey,
+    /// The sender's signature is missing or wrong (checked before any store call).
+    #[error("{0}")]
+    Rejected(Rejection),
+    /// An XML body with a DOCTYPE or entity declaration: never parsed further.
+    #[error("XML body with a DOCTYPE or entity declaration")]
+    ForbiddenXml,
     #[error("message is still being processed")]
     InFlight,
     #[error("dedup store unavailable: {0}")]
@@ -52,7 +68,8 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             GatewayError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::BadBody(_) | GatewayError::MissingKey => StatusCode::BAD_REQUEST,
+            GatewayError::BadBody(_) | GatewayError::MissingKey | GatewayError::ForbiddenXml => StatusCode::BAD_REQUEST,
+            GatewayError::Rejected(_) => StatusCode::UNAUTHORIZED,
             GatewayError::InFlight => StatusCode::CONFLICT,
             GatewayError::StoreUnavailable(_) | GatewayError::Abandoned => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream {
@@ -67,7 +84,8 @@ impl GatewayError {
     pub fn outcome(&self) -> Outcome {
         match self {
             GatewayError::TooLarge { .. } => Outcome::TooLarge,
-            GatewayError::BadBody(_) => Outcome::BadRequest,
+            GatewayError::BadBody(_) | GatewayError::ForbiddenXml => Outcome::BadRequest,
+            GatewayError::Rejected(_) => Outcome::Rejected,
             GatewayError::MissingKey => Outcome::NoKey,
             GatewayError::InFlight => Outcome::InFlight,
             GatewayError::StoreUnavailable(_) => Outcome::StoreUnavailable,
@@ -96,6 +114,8 @@ impl GatewayError {
             GatewayError::TooLarge { .. } => "request body too large\n",
             GatewayError::BadBody(_) => "could not read the request body\n",
             GatewayError::MissingKey => "no message id in the request\n",
+            GatewayError::Rejected(_) => "signature check failed\n",
+            GatewayError::ForbiddenXml => "XML with a DOCTYPE is not accepted\n",
             GatewayError::InFlight => "message is being processed; retry later\n",
             GatewayError::StoreUnavailable(_) => "dedup store unavailable; retry later\n",
             GatewayError::Upstream {
@@ -150,6 +170,11 @@ mod tests {
         assert_eq!(not_found().status(), 404);
         assert_eq!(row(GatewayError::TooLarge { limit: 1 }), (413, "too_large", false));
         assert_eq!(row(GatewayError::MissingKey), (400, "no_key", false));
+        assert_eq!(
+            row(GatewayError::Rejected(Rejection::Missing("x-slack-signature"))),
+            (401, "rejected", false)
+        );
+        assert_eq!(row(GatewayError::ForbiddenXml), (400, "bad_request", false));
         assert_eq!(row(GatewayError::InFlight), (409, "in_flight", true));
         assert_eq!(
             row(GatewayError::StoreUnavailable(StoreError::Timeout)),

@@ -1,6 +1,7 @@
 //! The request path. The outer function routes, counts, stamps `x-dedup-status` and
-//! logs the one line per request; the inner one reads the body, derives the key and
-//! hands over to the state machine, using `?` for every way it can end early.
+//! logs the one line per request; the inner one reads the body, checks the sender's
+//! signature (decrypting where the sender encrypts), derives the key and hands over to
+//! the state machine, using `?` for every way it can end early.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,6 +19,8 @@ use crate::gateway::Gateway;
 use crate::outcome::{Outcome, STATUS_HEADER};
 use crate::proxy::Peer;
 use crate::routing::Route;
+use crate::senders::Verdict;
+use crate::store::unix_ms;
 
 /// Serves one request on the proxy listener.
 pub async fn handle(gw: Arc<Gateway>, peer: Peer, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -40,6 +43,8 @@ pub async fn handle(gw: Arc<Gateway>, peer: Peer, req: Request<Incoming>) -> Res
             // Store failures were logged where they were handled; log the rest once here.
             if matches!(error, GatewayError::Upstream { .. } | GatewayError::Internal(_)) {
                 tracing::warn!(route = %route.config.name, key, %error, "request failed");
+            } else if let GatewayError::Rejected(why) = &error {
+                tracing::info!(route = %route.config.name, reason = %why, "signature check failed");
             }
             (error.outcome(), error.to_response())
         }
@@ -78,16 +83,28 @@ async fn keyed(
         Err(ReadError::Broken(e)) => return (None, Err(GatewayError::BadBody(e))),
     };
     let config = &route.config;
-    let key = config
-        .key
-        .derive(Input {
+    // The sender's check comes before any store call; keys read the plaintext.
+    let verdict = match config.sender.as_ref().map(|s| s.inspect(&head, &body, unix_ms())) {
+        None => Verdict::Plain,
+        Some(Ok(verdict)) => verdict,
+        Some(Err(failure)) => return (None, Err(failure.into())),
+    };
+    let handshake = verdict == Verdict::Handshake;
+    let key = match verdict {
+        Verdict::Handshake => None,
+        _ => match config.key.derive(Input {
             head: &head,
-            body: &body,
-        })
-        .map(|value| stored_key(&gw.key_prefix, &config.name, &value));
+            body: verdict.key_body(&body),
+        }) {
+            Ok(value) => value.map(|value| stored_key(&gw.key_prefix, &config.name, &value)),
+            Err(_refused) => return (None, Err(GatewayError::ForbiddenXml)),
+        },
+    };
+    drop(verdict);
     let Some(key) = key else {
         let policy = match config.policy.mode {
-            Mode::Shadow => OnMissingKey::Forward, // shadow mode forwards every request
+            Mode::Shadow => OnMissingKey::Forward,   // shadow mode forwards every request
+            _ if handshake => OnMissingKey::Forward, // the sender's handshake must reach the bot
             Mode::Enforce => config.policy.on_missing_key,
         };
         let result = match policy {

@@ -8,6 +8,7 @@
 //! - [`framing`]: rejects requests framed by both Content-Length and Transfer-Encoding.
 //! - [`handler`]: one request: route, read body, derive key, hand to the state machine.
 //! - [`routing`]: which route serves a path.
+//! - [`senders`]: sender presets, signature checks and decryption before the store.
 //! - [`dedup`]: the state machine (claim -> forward -> complete | release), its
 //!   policies, and key extraction ([`dedup::key`]).
 //! - [`store`]: the `Store` contract and its backends.
@@ -32,6 +33,7 @@ pub mod outcome;
 pub mod proxy;
 pub mod reload;
 pub mod routing;
+pub mod senders;
 pub mod server;
 pub mod shutdown;
 pub mod store;

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
 use dedup_gateway::dedup::key::{Input, stored_key};
 use dedup_gateway::reload::Reloader;
+use dedup_gateway::senders::{self, Failure, Verdict};
 use dedup_gateway::shutdown::Stop;
 use dedup_gateway::{Gateway, Listeners};
 use tracing_subscriber::EnvFilter;
@@ -102,6 +103,13 @@ fn load(path: &Path) -> anyhow::Result<Config> {
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let config = load(path)?;
+    for route in &config.routes {
+        if let Some(sender) = &route.sender {
+            for warning in senders::warnings(sender, route.policy.completed_ttl) {
+                tracing::warn!(route = %route.name, "{warning}");
+            }
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let stop = Stop::listen().context("cannot listen for SIGTERM/SIGINT")?;
@@ -191,6 +199,25 @@ fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
         String::from_utf8_lossy(&p.duplicate.body),
         p.duplicate.content_type.to_str().unwrap_or("?")
     );
+    if let Some(s) = &r.sender {
+        let set = |set: bool| if set { "set" } else { "not set" };
+        let filled = if s.filled.is_empty() {
+            "nothing".to_owned()
+        } else {
+            s.filled.join(", ")
+        };
+        println!("  preset {} (filled in: {filled})", s.preset.name);
+        println!(
+            "  signature: {}; secret {}, aes_key {}, app_id {}",
+            s.preset.scheme.describe(),
+            set(s.has_secret),
+            set(s.has_aes_key),
+            set(s.has_app_id)
+        );
+        for warning in senders::warnings(s, p.completed_ttl) {
+            println!("  warning: {warning}");
+        }
+    }
 }
 
 fn key(
@@ -229,9 +256,43 @@ fn key(
         request = request.header(name.trim(), value.trim());
     }
     let head = request.body(()).context("invalid --header or --query")?.into_parts().0;
+    let verdict = match &route.sender {
+        None => Verdict::Plain,
+        Some(sender) => {
+            let now_ms = dedup_gateway::store::unix_ms();
+            match sender.inspect(&head, &body, now_ms) {
+                Ok(verdict) if sender.is_verified() => {
+                    eprintln!("signature ok ({})", sender.preset.name);
+                    verdict
+                }
+                Ok(verdict) => {
+                    eprintln!("signature not checked (route has no secret for {})", sender.preset.name);
+                    verdict
+                }
+                Err(Failure::Rejected(why)) => {
+                    eprintln!("signature bad: {why} (the gateway answers 401)");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(Failure::Refused(why)) => {
+                    eprintln!("refused: {why} (the gateway answers 400)");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+        }
+    };
+    if verdict == Verdict::Handshake {
+        eprintln!("handshake: forwarded to the upstream without a key");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Verdict::Decrypted(plain) = &verdict {
+        eprintln!(
+            "decrypted: {} bytes; keys read from the plaintext",
+            plain.as_bytes().len()
+        );
+    }
     let (found, misses) = route.key.explain(Input {
         head: &head,
-        body: &body,
+        body: verdict.key_body(&body),
     });
     for miss in &misses {
         eprintln!("  {miss}");

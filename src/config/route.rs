@@ -1,4 +1,5 @@
-//! `[[routes]]` and `[defaults]`: per-route settings, merged route > defaults > built-in.
+//! `[[routes]]` and `[defaults]`: per-route settings, merged route > preset > defaults >
+//! built-in. A preset (`preset = "slack"`) fills in what the route does not set itself.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use super::read::{Problems, Section};
 use crate::dedup::key::{Alternative, KeySpec};
 use crate::dedup::policy::{InFlight, Mode, OnMissingKey, OnUpstreamTimeout};
 use crate::proxy::Target;
+use crate::senders::{self, Credentials, Field, Preset, Secret, Sender};
 
 /// Which request paths a route serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +65,8 @@ pub struct RouteConfig {
     pub upstream: Target,
     pub key: KeySpec,
     pub policy: RoutePolicy,
+    /// The sender preset, its signature check and decryption keys.
+    pub sender: Option<Sender>,
 }
 
 /// The settings `[defaults]` may also provide.
@@ -96,11 +100,28 @@ pub(super) struct Settings {
     duplicate_status: Option<StatusCode>,
     duplicate_body: Option<String>,
     duplicate_content_type: Option<HeaderValue>,
+    preset: Option<&'static Preset>,
+    secret: Option<Configured<Secret>>,
+    aes_key: Option<Configured<Secret>>,
+    app_id: Option<Configured<String>>,
 }
 
-/// Keys SPEC.md defines that this build does not implement yet: refused by name rather
-/// than reported as unknown, so the message says what is missing.
-const NOT_YET: [&str; 6] = ["preset", "secret", "secret_env", "aes_key", "aes_key_env", "app_id"];
+/// A credential and the key path it came from (for problems; never the value).
+#[derive(Clone)]
+struct Configured<T> {
+    value: T,
+    path: String,
+}
+
+/// The settings a preset fills in, in the order `check` lists them.
+const PRESET_FILLS: [&str; 6] = [
+    "key",
+    "completed_ttl",
+    "in_flight_wait",
+    "duplicate_status",
+    "duplicate_body",
+    "duplicate_content_type",
+];
 
 impl Settings {
     /// Reads every shared setting of a table and, for a route, leaves name/path/upstream
@@ -127,14 +148,23 @@ impl Settings {
                 None
             })
         });
-        for key in NOT_YET {
-            s.refuse(
-                key,
-                "sender presets and signatures are not supported by this build yet",
-                problems,
-            );
-        }
+        let preset = s.string("preset", problems).and_then(|name| {
+            senders::preset(name).or_else(|| {
+                problems.push(
+                    s.path_of("preset"),
+                    format!("unknown preset {name:?} (expected {})", senders::preset_names()),
+                );
+                None
+            })
+        });
         Settings {
+            preset,
+            secret: secret(s, "secret", "secret_env", problems),
+            aes_key: secret(s, "aes_key", "aes_key_env", problems),
+            app_id: s.string("app_id", problems).map(|id| Configured {
+                value: id.to_owned(),
+                path: s.path_of("app_id"),
+            }),
             upstream_timeout: positive(s, "upstream_timeout", problems),
             key: key_spec(s, problems),
             processing_ttl: positive(s, "processing_ttl", problems),
@@ -159,6 +189,125 @@ impl Settings {
         let settings = Self::read(&mut s, problems);
         s.finish(problems);
         settings
+    }
+}
+
+impl Settings {
+    /// What a preset fills in, as if the route had written it.
+    fn from_preset(p: &Preset) -> Self {
+        let alternatives = p.key.iter().filter_map(|text| Alternative::parse(text).ok()).collect();
+        Settings {
+            key: Some(KeySpec::new(alternatives)),
+            completed_ttl: Some(p.completed_ttl),
+            in_flight_wait: Some(p.in_flight_wait),
+            duplicate_status: StatusCode::from_u16(p.ack.status).ok(),
+            duplicate_body: Some(p.ack.body.to_owned()),
+            duplicate_content_type: HeaderValue::from_str(p.ack.content_type).ok(),
+            ..Settings::default()
+        }
+    }
+
+    /// Whether this table sets the named preset-filled setting.
+    fn sets(&self, name: &str) -> bool {
+        match name {
+            "key" => self.key.is_some(),
+            "completed_ttl" => self.completed_ttl.is_some(),
+            "in_flight_wait" => self.in_flight_wait.is_some(),
+            "duplicate_status" => self.duplicate_status.is_some(),
+            "duplicate_body" => self.duplicate_body.is_some(),
+            "duplicate_content_type" => self.duplicate_content_type.is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// A secret set directly (`secret = "..."`) or by naming an environment variable
+/// (`secret_env = "VAR"`); an unset variable is a problem at the `_env` key's path.
+fn secret(
+    s: &mut Section,
+    key: &'static str,
+    env_key: &'static str,
+    problems: &mut Problems,
+) -> Option<Configured<Secret>> {
+    let direct = s.string(key, problems);
+    let var = s.string(env_key, problems);
+    let (value, path) = match (direct, var) {
+        (None, None) => return None,
+        (Some(_), Some(_)) => {
+            problems.push(s.path_of(env_key), format!("set either {key} or {env_key}, not both"));
+            return None;
+        }
+        (Some(value), None) => (value.to_owned(), s.path_of(key)),
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(value) => (value, s.path_of(env_key)),
+            Err(std::env::VarError::NotPresent) => {
+                problems.push(s.path_of(env_key), format!("environment variable {var:?} is not set"));
+                return None;
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                problems.push(s.path_of(env_key), format!("environment variable {var:?} is not UTF-8"));
+                return None;
+            }
+        },
+    };
+    if value.is_empty() {
+        problems.push(path, "must not be empty");
+        return None;
+    }
+    Some(Configured {
+        value: Secret::new(value),
+        path,
+    })
+}
+
+/// Builds a route's sender from its preset and credentials (route over `[defaults]`).
+fn sender(
+    s: &Section,
+    preset: Option<&'static Preset>,
+    own: &Settings,
+    defaults: &Settings,
+    problems: &mut Problems,
+) -> Option<Sender> {
+    let secret = own.secret.clone().or_else(|| defaults.secret.clone());
+    let aes_key = own.aes_key.clone().or_else(|| defaults.aes_key.clone());
+    let app_id = own.app_id.clone().or_else(|| defaults.app_id.clone());
+    let Some(preset) = preset else {
+        let paths = [&secret, &aes_key].into_iter().flatten().map(|c| &c.path);
+        for path in paths.chain(app_id.as_ref().map(|c| &c.path)) {
+            problems.push(path, "needs a preset (the preset says how the sender signs)");
+        }
+        return None;
+    };
+    let path_of = |field: Field| {
+        let configured = match field {
+            Field::Secret => secret.as_ref().map(|c| c.path.clone()),
+            Field::AesKey => aes_key.as_ref().map(|c| c.path.clone()),
+            Field::AppId => app_id.as_ref().map(|c| c.path.clone()),
+        };
+        configured.unwrap_or_else(|| {
+            s.path_of(match field {
+                Field::Secret => "secret",
+                Field::AesKey => "aes_key",
+                Field::AppId => "app_id",
+            })
+        })
+    };
+    let creds = Credentials {
+        secret: secret.as_ref().map(|c| c.value.clone()),
+        aes_key: aes_key.as_ref().map(|c| c.value.clone()),
+        app_id: app_id.as_ref().map(|c| c.value.clone()),
+    };
+    match Sender::new(preset, creds) {
+        Ok(mut sender) => {
+            sender.filled = PRESET_FILLS.into_iter().filter(|name| !own.sets(name)).collect();
+            Some(sender)
+        }
+        Err(all) => {
+            for p in all {
+                problems.push(path_of(p.field), p.problem);
+            }
+            None
+        }
     }
 }
 
@@ -226,11 +375,18 @@ pub(super) fn build_routes(
             problems.push(s.path_of("path"), format!("path {p} is used by another route"));
         }
         let upstream = upstream.and_then(|u| checked(&s, "upstream", Target::parse(u), problems));
-        let key = own.key.clone().or_else(|| defaults.key.clone());
+        let preset = own.preset.or(defaults.preset);
+        let filled = preset.map(Settings::from_preset).unwrap_or_default();
+        let key = own
+            .key
+            .clone()
+            .or_else(|| filled.key.clone())
+            .or_else(|| defaults.key.clone());
         if key.is_none() && !s.has("key") {
-            problems.push(s.path_of("key"), "required (here or under [defaults])");
+            problems.push(s.path_of("key"), "required (here, under [defaults], or from a preset)");
         }
-        let policy = merge(&own, defaults);
+        let sender = sender(&s, preset, &own, defaults, problems);
+        let policy = merge(&own, &filled, defaults);
         if let Some(store) = store {
             check_ttls(&s, &policy, store.timeout, problems);
         }
@@ -242,18 +398,20 @@ pub(super) fn build_routes(
                 upstream,
                 key,
                 policy,
+                sender,
             });
         }
     }
     routes
 }
 
-/// A route's own settings over `[defaults]` over the built-in defaults.
-fn merge(own: &Settings, defaults: &Settings) -> RoutePolicy {
+/// A route's own settings over its preset's over `[defaults]` over the built-in defaults.
+fn merge(own: &Settings, preset: &Settings, defaults: &Settings) -> RoutePolicy {
     macro_rules! pick {
         ($field:ident, $default:expr) => {
             own.$field
                 .clone()
+                .or_else(|| preset.$field.clone())
                 .or_else(|| defaults.$field.clone())
                 .unwrap_or($default)
         };

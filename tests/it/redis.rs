@@ -113,7 +113,7 @@ async fn duplicates_never_refresh_a_ttl_and_markers_expire() {
 
 /// Only the commands the store issues (the readiness PING, INFO and connection setup
 /// are not message costs).
-fn store_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+pub(crate) fn store_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
         .filter(|(cmd, _)| matches!(cmd.as_str(), "set" | "get" | "del" | "eval" | "evalsha" | "script|load"))

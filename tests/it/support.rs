@@ -271,7 +271,7 @@ impl Cfg {
         if !has(&server, "admin_listen") {
             server.push_str("admin_listen = \"127.0.0.1:0\"\n");
         }
-        let key = if has(&self.route, "key") {
+        let key = if has(&self.route, "key") || has(&self.route, "preset") {
             ""
         } else {
             "key = [\"json:/msgId\"]\n"

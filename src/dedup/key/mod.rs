@@ -4,6 +4,7 @@
 //! A new source is one variant of [`Source`] and, if it parses the body, one file here.
 
 mod json;
+pub mod xml;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -14,6 +15,7 @@ use http::HeaderName;
 use sha2::{Digest, Sha256};
 
 pub use json::Pointer;
+pub use xml::{XmlError, XmlPath};
 
 /// What a key is derived from: the request head and its whole body.
 #[derive(Clone, Copy)]
@@ -31,6 +33,15 @@ pub enum Miss {
     NotForm,
     NotUtf8,
     WrongType(&'static str),
+    /// The body is XML that must not be parsed (a DOCTYPE): the request is refused.
+    Xml(XmlError),
+}
+
+impl Miss {
+    /// Whether this miss refuses the request instead of trying the next source.
+    pub fn refuses(self) -> bool {
+        matches!(self, Miss::Xml(XmlError::Doctype))
+    }
 }
 
 impl fmt::Display for Miss {
@@ -42,6 +53,7 @@ impl fmt::Display for Miss {
             Miss::NotForm => f.write_str("body is not application/x-www-form-urlencoded"),
             Miss::NotUtf8 => f.write_str("not valid UTF-8"),
             Miss::WrongType(t) => write!(f, "is {t}, not a string or number"),
+            Miss::Xml(e) => e.fmt(f),
         }
     }
 }
@@ -50,6 +62,11 @@ impl fmt::Display for Miss {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     Json(Pointer),
+    /// An element's text; `slot` is its place in the route's one-pass XML lookup.
+    Xml {
+        path: XmlPath,
+        slot: usize,
+    },
     Header(HeaderName),
     Query(String),
     Form(String),
@@ -79,8 +96,8 @@ impl Source {
             named(name, "query parameter").map(Source::Query)
         } else if let Some(name) = text.strip_prefix("form:") {
             named(name, "form field").map(Source::Form)
-        } else if text.starts_with("xml:") {
-            Err(format!("{text:?}: xml: sources are not supported by this build yet"))
+        } else if let Some(path) = text.strip_prefix("xml:") {
+            XmlPath::parse(path).map(|path| Source::Xml { path, slot: 0 })
         } else {
             Err(format!(
                 "unknown source {text:?} (expected json:, xml:, header:, query:, form:, body)"
@@ -88,9 +105,15 @@ impl Source {
         }
     }
 
-    fn extract<'a>(&self, input: Input<'a>) -> Result<Cow<'a, str>, Miss> {
+    fn extract<'a>(&self, doc: &mut Doc<'a, '_>) -> Result<Cow<'a, str>, Miss> {
+        let input = doc.input;
         match self {
             Source::Json(pointer) => pointer.lookup(input.body),
+            Source::Xml { slot, .. } => match doc.xml()?.get(*slot) {
+                Some(xml::Found::Text(text)) => non_empty(text.clone()),
+                Some(xml::Found::Children) => Err(Miss::WrongType("an element with child elements")),
+                Some(xml::Found::Missing) | None => Err(Miss::NotFound),
+            },
             Source::Header(name) => {
                 let value = input.head.headers.get(name).ok_or(Miss::NotFound)?;
                 non_empty(Cow::Borrowed(
@@ -109,6 +132,24 @@ impl Source {
             }
             Source::Body if input.body.is_empty() => Err(Miss::Empty),
             Source::Body => Ok(Cow::Owned(hex::encode(Sha256::digest(input.body)))),
+        }
+    }
+}
+
+/// One request's input while its key is derived: the XML lookup runs at most once,
+/// for every `xml:` path of the route together, when the first `xml:` source asks.
+struct Doc<'a, 's> {
+    input: Input<'a>,
+    xml_paths: &'s [XmlPath],
+    xml: Option<Result<Vec<xml::Found<'a>>, XmlError>>,
+}
+
+impl<'a> Doc<'a, '_> {
+    fn xml(&mut self) -> Result<&[xml::Found<'a>], Miss> {
+        let (body, paths) = (self.input.body, self.xml_paths);
+        match self.xml.get_or_insert_with(|| xml::extract(body, paths)) {
+            Ok(found) => Ok(found),
+            Err(e) => Err(Miss::Xml(*e)),
         }
     }
 }
@@ -150,13 +191,13 @@ impl Alternative {
         })
     }
 
-    fn derive<'a>(&self, input: Input<'a>) -> Result<Cow<'a, str>, (usize, Miss)> {
+    fn derive<'a>(&self, doc: &mut Doc<'a, '_>) -> Result<Cow<'a, str>, (usize, Miss)> {
         if let [single] = self.parts.as_slice() {
-            return single.extract(input).map_err(|miss| (0, miss));
+            return single.extract(doc).map_err(|miss| (0, miss));
         }
         let mut joined = String::new();
         for (i, part) in self.parts.iter().enumerate() {
-            let value = part.extract(input).map_err(|miss| (i, miss))?;
+            let value = part.extract(doc).map_err(|miss| (i, miss))?;
             if i > 0 {
                 joined.push('+');
             }
@@ -170,30 +211,77 @@ impl Alternative {
     }
 }
 
+/// A body a route must not parse: XML with a DOCTYPE (answered 400, never expanded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("XML body with a DOCTYPE or entity declaration")]
+pub struct Refused;
+
 /// A route's ordered key sources: the first one that yields a value wins.
 #[derive(Clone, Debug)]
-pub struct KeySpec(Vec<Alternative>);
+pub struct KeySpec {
+    alternatives: Vec<Alternative>,
+    /// Every distinct `xml:` path, looked up together in one pass.
+    xml_paths: Vec<XmlPath>,
+}
 
 impl KeySpec {
-    pub fn new(alternatives: Vec<Alternative>) -> Self {
-        KeySpec(alternatives)
+    pub fn new(mut alternatives: Vec<Alternative>) -> Self {
+        let mut xml_paths: Vec<XmlPath> = Vec::new();
+        for part in alternatives.iter_mut().flat_map(|a| a.parts.iter_mut()) {
+            if let Source::Xml { path, slot } = part {
+                *slot = match xml_paths.iter().position(|p| p == path) {
+                    Some(i) => i,
+                    None => {
+                        xml_paths.push(path.clone());
+                        xml_paths.len() - 1
+                    }
+                };
+            }
+        }
+        KeySpec {
+            alternatives,
+            xml_paths,
+        }
     }
 
     pub fn alternatives(&self) -> &[Alternative] {
-        &self.0
+        &self.alternatives
     }
 
-    /// The message id of a request, if any source yields one.
-    pub fn derive<'a>(&self, input: Input<'a>) -> Option<Cow<'a, str>> {
-        self.0.iter().find_map(|alt| alt.derive(input).ok())
+    fn doc<'a>(&self, input: Input<'a>) -> Doc<'a, '_> {
+        Doc {
+            input,
+            xml_paths: &self.xml_paths,
+            xml: None,
+        }
     }
 
-    /// Like [`KeySpec::derive`], but says why each source before the winner yielded nothing.
+    /// The message id of a request, if any source yields one; a body that must not be
+    /// parsed refuses the request.
+    pub fn derive<'a>(&self, input: Input<'a>) -> Result<Option<Cow<'a, str>>, Refused> {
+        let mut doc = self.doc(input);
+        for alt in &self.alternatives {
+            match alt.derive(&mut doc) {
+                Ok(value) => return Ok(Some(value)),
+                Err((_, miss)) if miss.refuses() => return Err(Refused),
+                Err(_) => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Like [`KeySpec::derive`], but says why each source before the winner yielded
+    /// nothing (a refused body shows as such a reason, then no key).
     pub fn explain<'a>(&self, input: Input<'a>) -> (Option<(&str, Cow<'a, str>)>, Vec<String>) {
+        let mut doc = self.doc(input);
         let mut misses = Vec::new();
-        for alt in &self.0 {
-            match alt.derive(input) {
+        for alt in &self.alternatives {
+            match alt.derive(&mut doc) {
                 Ok(value) => return (Some((alt.text(), value)), misses),
+                Err((_, miss)) if miss.refuses() => {
+                    misses.push(format!("{}: {miss}", alt.text));
+                    return (None, misses);
+                }
                 Err((i, miss)) if alt.parts.len() > 1 => misses.push(format!("{}: part {} {miss}", alt.text, i + 1)),
                 Err((_, miss)) => misses.push(format!("{}: {miss}", alt.text)),
             }
@@ -261,7 +349,7 @@ mod tests {
             head: &h,
             body: br#"{"data":{"msgId":"d"},"eventId":"e"}"#,
         };
-        assert_eq!(key.derive(input).as_deref(), Some("d"));
+        assert_eq!(key.derive(input).expect("not refused").as_deref(), Some("d"));
         let (found, misses) = key.explain(input);
         assert_eq!(
             found.map(|(s, v)| (s, v.into_owned())),
@@ -282,14 +370,29 @@ mod tests {
         let body = b"msg_id=f+1&CreateTime=170";
         let input = Input { head: &h, body };
         assert_eq!(
-            spec(&["header:X-GitHub-Delivery"]).derive(input).as_deref(),
+            spec(&["header:X-GitHub-Delivery"])
+                .derive(input)
+                .expect("not refused")
+                .as_deref(),
             Some("gh-1")
         );
-        assert_eq!(spec(&["query:msg_id"]).derive(input).as_deref(), Some("q 1"));
-        assert_eq!(spec(&["form:msg_id"]).derive(input).as_deref(), Some("f 1"));
-        assert_eq!(spec(&["form:msg_id+query:x"]).derive(input).as_deref(), Some("f 1+2"));
-        assert_eq!(spec(&["form:msg_id+query:nope"]).derive(input), None);
-        let digest = spec(&["body"]).derive(input).expect("digest");
+        assert_eq!(
+            spec(&["query:msg_id"]).derive(input).expect("not refused").as_deref(),
+            Some("q 1")
+        );
+        assert_eq!(
+            spec(&["form:msg_id"]).derive(input).expect("not refused").as_deref(),
+            Some("f 1")
+        );
+        assert_eq!(
+            spec(&["form:msg_id+query:x"])
+                .derive(input)
+                .expect("not refused")
+                .as_deref(),
+            Some("f 1+2")
+        );
+        assert_eq!(spec(&["form:msg_id+query:nope"]).derive(input), Ok(None));
+        let digest = spec(&["body"]).derive(input).expect("not refused").expect("digest");
         assert_eq!(digest.len(), 64);
         assert_eq!(digest, hex::encode(Sha256::digest(body)));
     }
@@ -305,7 +408,7 @@ mod tests {
             spec(&["form:msg_id"]).explain(input).1,
             vec!["form:msg_id: body is not application/x-www-form-urlencoded"]
         );
-        assert_eq!(spec(&["body"]).derive(Input { head: &h, body: b"" }), None);
+        assert_eq!(spec(&["body"]).derive(Input { head: &h, body: b"" }), Ok(None));
     }
 
     #[test]

@@ -1,0 +1,756 @@
+//! Sender presets: what each webhook sender needs from a route (key sources, the answer
+//! a duplicate gets, TTLs), and how its deliveries are verified and, for the encrypted
+//! senders, decrypted to read the id. Facts and sources: `shared/senders.md`.
+//!
+//! A preset is one entry of [`PRESETS`]. Its [`Scheme`] says how deliveries are signed;
+//! each scheme is one file here with a `Keys` type (everything derivable from the
+//! secrets, computed once at config load) and a `verify` function. Adding a sender that
+//! signs like an existing one (Lark international is Feishu) is one entry; a new
+//! signature is one entry, one [`Scheme`] variant and one file.
+//!
+//! The check runs before any store call: a delivery that fails it is answered 401 and
+//! neither forwarded nor recorded, so a forged callback cannot poison a genuine id.
+
+mod dingtalk;
+mod feishu;
+mod github;
+mod mac;
+mod secret;
+mod shopify;
+mod slack;
+mod standard_webhooks;
+mod stripe;
+mod telegram;
+mod wechat;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+use std::time::Duration;
+
+pub use secret::Secret;
+
+use crate::dedup::key::{Pointer, Refused};
+
+/// A sender the gateway knows: everything a route with `preset = "<name>"` fills in.
+#[derive(Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    /// Key sources, first that yields wins (read from the plaintext when encrypted).
+    pub key: &'static [&'static str],
+    /// What a duplicate is answered with: what the sender takes as "delivered".
+    pub ack: Ack,
+    pub completed_ttl: Duration,
+    /// The longest a retry may be held: under the sender's timeout.
+    pub in_flight_wait: Duration,
+    /// How long after the first attempt the sender may still retry (None: not documented).
+    pub retry_horizon: Option<Duration>,
+    pub scheme: Scheme,
+    pub handshake: Handshake,
+    /// Where the facts come from.
+    pub source: &'static str,
+}
+
+/// The duplicate answer.
+#[derive(Debug)]
+pub struct Ack {
+    pub status: u16,
+    pub body: &'static str,
+    pub content_type: &'static str,
+}
+
+/// How a sender signs (and, for some, encrypts) its deliveries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// Signs nothing: no secret can be checked (wkteam).
+    None,
+    /// Query `signature` = sha1(sort(token, timestamp, nonce)); safe mode: `msg_signature`
+    /// over the `Encrypt` element too, AES-256-CBC body, appid after the message.
+    WechatMp,
+    /// Always encrypted; `msg_signature` as WeChat safe mode; corpid after the message.
+    Wecom,
+    /// `X-Lark-Signature` = sha256(timestamp + nonce + Encrypt Key + body); body
+    /// `{"encrypt"}` with AES-256-CBC; or, without an Encrypt Key, the body's `token`.
+    Feishu,
+    /// `X-Slack-Signature: v0=hex(HMAC-SHA256(secret, "v0:" + ts + ":" + body))`, ±300 s.
+    Slack,
+    /// `X-Hub-Signature-256: sha256=hex(HMAC-SHA256(secret, body))`.
+    GitHub,
+    /// `Stripe-Signature: t=..,v1=..`; HMAC-SHA256(secret, t + "." + body); t >= now - 300 s.
+    Stripe,
+    /// `X-Shopify-Hmac-Sha256: base64(HMAC-SHA256(secret, body))`.
+    Shopify,
+    /// `X-Telegram-Bot-Api-Secret-Token` equals the secret.
+    Telegram,
+    /// `webhook-signature: v1,base64(HMAC-SHA256(base64dec(whsec), id.ts.body))`, ±300 s.
+    StandardWebhooks,
+    /// Headers `timestamp` (ms) and `sign` = base64(HMAC-SHA256(secret, ts + "\n" + secret)), ±1 h.
+    DingTalk,
+}
+
+impl Scheme {
+    /// A short description for `check` and the README.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scheme::None => "none (the sender signs nothing)",
+            Scheme::WechatMp => "query signature / msg_signature (SHA-1), safe mode AES-256-CBC",
+            Scheme::Wecom => "query msg_signature (SHA-1), AES-256-CBC",
+            Scheme::Feishu => "X-Lark-Signature (SHA-256, with the Encrypt Key) or body token; AES-256-CBC",
+            Scheme::Slack => "X-Slack-Signature (HMAC-SHA256), timestamp within 300 s",
+            Scheme::GitHub => "X-Hub-Signature-256 (HMAC-SHA256)",
+            Scheme::Stripe => "Stripe-Signature (HMAC-SHA256), timestamp at most 300 s old",
+            Scheme::Shopify => "X-Shopify-Hmac-Sha256 (HMAC-SHA256, base64)",
+            Scheme::Telegram => "X-Telegram-Bot-Api-Secret-Token (shared token)",
+            Scheme::StandardWebhooks => "webhook-signature (HMAC-SHA256), timestamp within 300 s",
+            Scheme::DingTalk => "timestamp + sign headers (HMAC-SHA256), within 1 h; the body is not signed",
+        }
+    }
+
+    /// Which credentials this scheme takes.
+    fn takes(self) -> Takes {
+        match self {
+            Scheme::None => Takes::NOTHING,
+            Scheme::WechatMp | Scheme::Wecom => Takes {
+                secret: true,
+                aes_key: true,
+                app_id: true,
+            },
+            Scheme::Feishu => Takes {
+                secret: true,
+                aes_key: true,
+                app_id: false,
+            },
+            _ => Takes {
+                secret: true,
+                aes_key: false,
+                app_id: false,
+            },
+        }
+    }
+}
+
+struct Takes {
+    secret: bool,
+    aes_key: bool,
+    app_id: bool,
+}
+
+impl Takes {
+    const NOTHING: Takes = Takes {
+        secret: false,
+        aes_key: false,
+        app_id: false,
+    };
+}
+
+/// A handshake the sender documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handshake {
+    None,
+    /// GET with `echostr`: passes through like every GET.
+    GetEchostr,
+    /// POST JSON `{"type":"url_verification"}`: forwarded without a key, whatever
+    /// `on_missing_key` says, once the scheme has let it through.
+    UrlVerification,
+}
+
+const MIN: u64 = 60;
+const HOUR: u64 = 3600;
+
+const fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+const fn ack(status: u16, body: &'static str, content_type: &'static str) -> Ack {
+    Ack {
+        status,
+        body,
+        content_type,
+    }
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Every preset, by name.
+pub static PRESETS: &[Preset] = &[
+    Preset {
+        name: "wechat-mp",
+        key: &["xml:MsgId", "xml:MsgID", "xml:FromUserName+xml:CreateTime"],
+        ack: ack(200, "success", TEXT),
+        completed_ttl: secs(HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: Some(secs(20)),
+        scheme: Scheme::WechatMp,
+        handshake: Handshake::GetEchostr,
+        source: "https://developers.weixin.qq.com/doc/service/guide/dev/push/index.html",
+    },
+    Preset {
+        name: "wecom",
+        // FromUserName+CreateTime (the documented event rule) collides for `sys`
+        // events: contact changes are told apart by user and contact, any other event
+        // by the hash of its decrypted XML.
+        key: &[
+            "xml:MsgId",
+            "xml:FromUserName+xml:CreateTime+xml:ChangeType+xml:UserID+xml:ExternalUserID",
+            "xml:FromUserName+xml:CreateTime+xml:ChangeType+xml:UserID",
+            "body",
+        ],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: Some(secs(20)),
+        scheme: Scheme::Wecom,
+        handshake: Handshake::GetEchostr,
+        source: "https://developer.work.weixin.qq.com/document/path/90238",
+    },
+    Preset {
+        name: "wkteam",
+        key: &["json:/data/newMsgId"],
+        ack: ack(200, "success", TEXT),
+        completed_ttl: secs(48 * HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: None,
+        scheme: Scheme::None,
+        handshake: Handshake::None,
+        source: "https://wkteam.cn/docs/api-wen-dang2/xiao-xi-jie-shou/shou-xiao-xi/normalmsgInterpretation.html",
+    },
+    Preset {
+        name: "feishu",
+        key: &["json:/header/event_id", "json:/uuid"],
+        ack: ack(200, r#"{"msg":"success"}"#, "application/json"),
+        completed_ttl: secs(24 * HOUR),
+        in_flight_wait: secs(2),
+        // Retries at +15 s, +5 min, +1 h, +6 h.
+        retry_horizon: Some(secs(15 + 5 * MIN + HOUR + 6 * HOUR)),
+        scheme: Scheme::Feishu,
+        handshake: Handshake::UrlVerification,
+        source: "https://open.feishu.cn/document/server-docs/event-subscription-guide/overview",
+    },
+    Preset {
+        name: "slack",
+        key: &["json:/event_id"],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(HOUR),
+        in_flight_wait: secs(2),
+        retry_horizon: Some(secs(6 * MIN)),
+        scheme: Scheme::Slack,
+        handshake: Handshake::UrlVerification,
+        source: "https://api.slack.com/authentication/verifying-requests-from-slack",
+    },
+    Preset {
+        name: "github",
+        key: &["header:X-GitHub-Delivery"],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(72 * HOUR),
+        in_flight_wait: secs(8),
+        // No automatic retries; manual or API redelivery for 3 days, same GUID.
+        retry_horizon: Some(secs(72 * HOUR)),
+        scheme: Scheme::GitHub,
+        handshake: Handshake::None,
+        source: "https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries",
+    },
+    Preset {
+        name: "stripe",
+        key: &["json:/id"],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(96 * HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: Some(secs(72 * HOUR)),
+        scheme: Scheme::Stripe,
+        handshake: Handshake::None,
+        source: "https://docs.stripe.com/webhooks",
+    },
+    Preset {
+        name: "shopify",
+        // The event id is shared by every subscription to a topic: only a fallback.
+        key: &["header:X-Shopify-Webhook-Id", "header:X-Shopify-Event-Id"],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(12 * HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: Some(secs(4 * HOUR)),
+        scheme: Scheme::Shopify,
+        handshake: Handshake::None,
+        source: "https://shopify.dev/docs/apps/build/webhooks/verify-deliveries",
+    },
+    Preset {
+        name: "telegram",
+        key: &["json:/update_id"],
+        // Must be empty: a JSON answer with "method" is executed as a Bot API call.
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(24 * HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: Some(secs(24 * HOUR)),
+        scheme: Scheme::Telegram,
+        handshake: Handshake::None,
+        source: "https://core.telegram.org/bots/api#setwebhook",
+    },
+    Preset {
+        name: "standard-webhooks",
+        key: &["header:webhook-id"],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(96 * HOUR),
+        in_flight_wait: secs(10),
+        retry_horizon: Some(secs(75 * HOUR + 35 * MIN)),
+        scheme: Scheme::StandardWebhooks,
+        handshake: Handshake::None,
+        source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md",
+    },
+    Preset {
+        name: "dingtalk",
+        key: &["json:/msgId"],
+        ack: ack(200, "", TEXT),
+        completed_ttl: secs(24 * HOUR),
+        in_flight_wait: secs(4),
+        retry_horizon: None,
+        scheme: Scheme::DingTalk,
+        handshake: Handshake::None,
+        source: "https://open.dingtalk.com/document/isvapp/receive-message",
+    },
+];
+
+/// The preset called `name`.
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// The names of every preset, for error messages.
+pub fn preset_names() -> String {
+    let names: Vec<String> = PRESETS.iter().map(|p| format!("{:?}", p.name)).collect();
+    names.join(", ")
+}
+
+/// The credentials a route configures for its preset.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    /// Token / signing secret / Verification Token.
+    pub secret: Option<Secret>,
+    /// EncodingAESKey (WeChat, WeCom) or Encrypt Key (Feishu).
+    pub aes_key: Option<Secret>,
+    /// WeChat appid / WeCom corpid, checked after decryption.
+    pub app_id: Option<String>,
+}
+
+/// Which configured credential a problem is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    Secret,
+    AesKey,
+    AppId,
+}
+
+/// A credential the preset cannot use. The text never holds the credential.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CredentialProblem {
+    pub field: Field,
+    pub problem: String,
+}
+
+impl CredentialProblem {
+    fn new(field: Field, problem: impl Into<String>) -> Self {
+        CredentialProblem {
+            field,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A route's sender: its preset and the keys computed from its credentials.
+#[derive(Clone)]
+pub struct Sender {
+    pub preset: &'static Preset,
+    verifier: Verifier,
+    /// The route setting names the preset filled in (for `check`).
+    pub filled: Vec<&'static str>,
+    /// Which credentials are configured (never their values).
+    pub has_secret: bool,
+    pub has_aes_key: bool,
+    pub has_app_id: bool,
+}
+
+impl fmt::Debug for Sender {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("Sender")
+            .field("preset", &self.preset.name)
+            .field("verified", &self.is_verified())
+            .field("filled", &self.filled)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keys of a route's scheme; `Unchecked` when no secret is configured.
+#[derive(Clone)]
+enum Verifier {
+    Unchecked,
+    Wechat(wechat::Keys),
+    Feishu(feishu::Keys),
+    Slack(mac::Mac),
+    GitHub(mac::Mac),
+    Stripe(mac::Mac),
+    Shopify(mac::Mac),
+    Telegram(Secret),
+    StandardWebhooks(mac::Mac),
+    DingTalk(dingtalk::Keys),
+}
+
+impl Sender {
+    /// Computes the keys for `preset` from `creds`; every problem names its field.
+    pub fn new(preset: &'static Preset, creds: Credentials) -> Result<Sender, Vec<CredentialProblem>> {
+        let takes = preset.scheme.takes();
+        let mut problems = Vec::new();
+        let not_used = |what: &str| format!("not used by preset {:?} ({what})", preset.name);
+        if creds.secret.is_some() && !takes.secret {
+            problems.push(CredentialProblem::new(
+                Field::Secret,
+                not_used("it sends no signature, so no secret can be checked: protect the route by network instead"),
+            ));
+        }
+        if creds.aes_key.is_some() && !takes.aes_key {
+            problems.push(CredentialProblem::new(Field::AesKey, not_used("it does not encrypt")));
+        }
+        if creds.app_id.is_some() && !takes.app_id {
+            problems.push(CredentialProblem::new(
+                Field::AppId,
+                not_used("only WeChat and WeCom check one"),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let (has_secret, has_aes_key, has_app_id) =
+            (creds.secret.is_some(), creds.aes_key.is_some(), creds.app_id.is_some());
+        let verifier = match preset.scheme {
+            Scheme::None => Ok(Verifier::Unchecked),
+            Scheme::WechatMp => wechat::Keys::new(wechat::Mode::Mp, creds).map(Verifier::Wechat),
+            Scheme::Wecom => wechat::Keys::new(wechat::Mode::Wecom, creds).map(Verifier::Wechat),
+            Scheme::Feishu => feishu::Keys::new(creds).map(Verifier::Feishu),
+            scheme => match creds.secret {
+                None => Ok(Verifier::Unchecked),
+                Some(secret) => match scheme {
+                    Scheme::Slack => Ok(Verifier::Slack(mac::Mac::new(secret.expose().as_bytes()))),
+                    Scheme::GitHub => Ok(Verifier::GitHub(mac::Mac::new(secret.expose().as_bytes()))),
+                    Scheme::Stripe => Ok(Verifier::Stripe(mac::Mac::new(secret.expose().as_bytes()))),
+                    Scheme::Shopify => Ok(Verifier::Shopify(mac::Mac::new(secret.expose().as_bytes()))),
+                    Scheme::Telegram => telegram::check_token(&secret).map(|()| Verifier::Telegram(secret)),
+                    Scheme::StandardWebhooks => standard_webhooks::key(&secret).map(Verifier::StandardWebhooks),
+                    Scheme::DingTalk => Ok(Verifier::DingTalk(dingtalk::Keys::new(secret))),
+                    Scheme::None | Scheme::WechatMp | Scheme::Wecom | Scheme::Feishu => Ok(Verifier::Unchecked),
+                }
+                .map_err(|problem| vec![CredentialProblem::new(Field::Secret, problem)]),
+            },
+        }?;
+        Ok(Sender {
+            preset,
+            verifier,
+            filled: Vec::new(),
+            has_secret,
+            has_aes_key,
+            has_app_id,
+        })
+    }
+
+    /// Whether deliveries are verified (a secret is configured for a signing sender).
+    pub fn is_verified(&self) -> bool {
+        match &self.verifier {
+            Verifier::Unchecked => false,
+            Verifier::Wechat(keys) => keys.is_verified(),
+            Verifier::Feishu(keys) => keys.is_verified(),
+            _ => true,
+        }
+    }
+
+    /// Checks one delivery (before any store call) and, for encrypted senders, decrypts
+    /// what the key is read from. `now_ms` is Unix time in milliseconds.
+    pub fn inspect(&self, head: &http::request::Parts, body: &[u8], now_ms: u64) -> Result<Verdict, Failure> {
+        let d = Delivery { head, body, now_ms };
+        let verdict = match &self.verifier {
+            // Without keys an encrypted body cannot be read: its id stays hidden.
+            Verifier::Unchecked => Verdict::Plain,
+            Verifier::Wechat(keys) => keys.verify(&d)?,
+            Verifier::Feishu(keys) => keys.verify(&d)?,
+            Verifier::Slack(mac) => slack::verify(mac, &d).map(|()| Verdict::Plain)?,
+            Verifier::GitHub(mac) => github::verify(mac, &d).map(|()| Verdict::Plain)?,
+            Verifier::Stripe(mac) => stripe::verify(mac, &d).map(|()| Verdict::Plain)?,
+            Verifier::Shopify(mac) => shopify::verify(mac, &d).map(|()| Verdict::Plain)?,
+            Verifier::Telegram(secret) => telegram::verify(secret, &d).map(|()| Verdict::Plain)?,
+            Verifier::StandardWebhooks(mac) => standard_webhooks::verify(mac, &d).map(|()| Verdict::Plain)?,
+            Verifier::DingTalk(keys) => keys.verify(&d).map(|()| Verdict::Plain)?,
+        };
+        if self.preset.handshake == Handshake::UrlVerification && is_url_verification(verdict.key_body(body)) {
+            return Ok(Verdict::Handshake);
+        }
+        Ok(verdict)
+    }
+}
+
+/// What the key is read from, once a delivery passed its check.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The body as received.
+    Plain,
+    /// The decrypted message (the upstream still gets the original bytes).
+    Decrypted(Plaintext),
+    /// A documented handshake: forwarded without a key, never deduped.
+    Handshake,
+}
+
+impl Verdict {
+    /// The bytes key sources read: the plaintext, or the body itself.
+    pub fn key_body<'a>(&'a self, body: &'a [u8]) -> &'a [u8] {
+        match self {
+            Verdict::Decrypted(p) => p.as_bytes(),
+            Verdict::Plain | Verdict::Handshake => body,
+        }
+    }
+}
+
+/// A decrypted message inside its decryption buffer (one allocation per delivery).
+#[derive(PartialEq, Eq)]
+pub struct Plaintext {
+    buf: Vec<u8>,
+    range: Range<usize>,
+}
+
+impl Plaintext {
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.get(self.range.clone()).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Plaintext {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "Plaintext({:?})", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// Why a delivery is not accepted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Failure {
+    /// 401: it does not carry the sender's valid signature.
+    #[error("signature check failed: {0}")]
+    Rejected(#[from] Rejection),
+    /// 400: its XML must not be parsed.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+}
+
+/// Why a signature check failed. Never holds a secret.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Rejection {
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    #[error("{0} is malformed")]
+    Malformed(&'static str),
+    #[error("{0} does not match")]
+    Mismatch(&'static str),
+    #[error("timestamp is {skew_secs} s off, outside the sender's window ({window})")]
+    Stale { skew_secs: i64, window: &'static str },
+    #[error("the body is not encrypted, but the route has aes_key (safe mode)")]
+    NotEncrypted,
+    #[error("the body does not decrypt with aes_key")]
+    Undecryptable,
+    #[error("the decrypted message is for another app_id")]
+    WrongAppId,
+}
+
+/// One delivery as the checks see it.
+pub(crate) struct Delivery<'a> {
+    head: &'a http::request::Parts,
+    body: &'a [u8],
+    now_ms: u64,
+}
+
+impl<'a> Delivery<'a> {
+    /// A header as text; missing or not text is a rejection naming it.
+    fn header(&self, name: &'static str) -> Result<&'a str, Rejection> {
+        let value = self.head.headers.get(name).ok_or(Rejection::Missing(name))?;
+        value.to_str().map_err(|_| Rejection::Malformed(name))
+    }
+
+    fn now_secs(&self) -> i64 {
+        i64::try_from(self.now_ms / 1000).unwrap_or(i64::MAX)
+    }
+
+    /// The first value of each named query parameter.
+    fn query<const N: usize>(&self, names: [&str; N]) -> [Option<Cow<'a, str>>; N] {
+        let mut found: [Option<Cow<'a, str>>; N] = std::array::from_fn(|_| None);
+        if let Some(query) = self.head.uri.query() {
+            for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+                if let Some(i) = names.iter().position(|n| *n == k)
+                    && let Some(slot) = found.get_mut(i)
+                    && slot.is_none()
+                {
+                    *slot = Some(v);
+                }
+            }
+        }
+        found
+    }
+}
+
+/// Parses a decimal timestamp header or parameter.
+fn timestamp(text: &str, name: &'static str) -> Result<i64, Rejection> {
+    text.trim().parse().map_err(|_| Rejection::Malformed(name))
+}
+
+/// Rejects `ts` outside `[now - past, now + future]`.
+fn within(ts: i64, now: i64, past: i64, future: i64, window: &'static str) -> Result<(), Rejection> {
+    let skew = now.saturating_sub(ts);
+    if skew > past || skew < -future {
+        Err(Rejection::Stale {
+            skew_secs: skew,
+            window,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// Constant-time equality (length differences return at once: lengths are public).
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
+}
+
+/// Decodes `N` bytes of hex.
+fn unhex<const N: usize>(text: &str, name: &'static str) -> Result<[u8; N], Rejection> {
+    let mut out = [0u8; N];
+    hex::decode_to_slice(text.trim(), &mut out).map_err(|_| Rejection::Malformed(name))?;
+    Ok(out)
+}
+
+/// Whether a JSON body is a `url_verification` handshake.
+fn is_url_verification(body: &[u8]) -> bool {
+    static TYPE: std::sync::LazyLock<Option<Pointer>> = std::sync::LazyLock::new(|| Pointer::parse("/type").ok());
+    TYPE.as_ref()
+        .and_then(|p| p.lookup(body).ok())
+        .is_some_and(|t| t == "url_verification")
+}
+
+/// Base64 that accepts what senders' SDKs accept: padding optional, stray low bits
+/// in the last character (a WeChat EncodingAESKey has them) ignored.
+pub(crate) const LENIENT_B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// What `check` should warn about for a route with this sender.
+pub fn warnings(sender: &Sender, completed_ttl: Duration) -> Vec<String> {
+    let p = sender.preset;
+    let mut out = Vec::new();
+    if let Some(horizon) = p.retry_horizon
+        && completed_ttl < horizon
+    {
+        out.push(format!(
+            "completed_ttl {} is shorter than {}'s retry horizon ({}): late retries would be delivered again",
+            humantime::format_duration(completed_ttl),
+            p.name,
+            humantime::format_duration(horizon)
+        ));
+    }
+    if p.scheme != Scheme::None && !sender.is_verified() {
+        out.push(format!(
+            "unverified: {} signs its deliveries but no secret is configured, so forged callbacks are accepted \
+             (set secret or secret_env)",
+            p.name
+        ));
+    }
+    match p.scheme {
+        Scheme::WechatMp if !sender.has_aes_key => out.push(
+            "no aes_key: safe-mode (encrypted) bodies have no readable id and are forwarded without dedup".to_owned(),
+        ),
+        Scheme::Feishu if !sender.has_aes_key => out.push(
+            "no aes_key: encrypted events (an Encrypt Key set in the console) have no readable id and are not signed-checked"
+                .to_owned(),
+        ),
+        Scheme::WechatMp | Scheme::Wecom if sender.has_aes_key && !sender.has_app_id => {
+            out.push("no app_id: the appid / corpid inside decrypted messages is not checked".to_owned())
+        }
+        _ => {}
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::dedup::key::Alternative;
+
+    /// A request head with these headers, for the checks' unit tests.
+    pub fn delivery(headers: &[(&str, &str)], uri: &str) -> http::request::Parts {
+        let mut req = http::Request::post(uri);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn every_preset_parses_and_has_a_unique_name() {
+        for (i, p) in PRESETS.iter().enumerate() {
+            for source in p.key {
+                assert!(Alternative::parse(source).is_ok(), "{}: {source}", p.name);
+            }
+            assert!(http::StatusCode::from_u16(p.ack.status).is_ok());
+            assert!(http::HeaderValue::from_str(p.ack.content_type).is_ok());
+            assert!(p.in_flight_wait <= secs(10), "{}", p.name);
+            assert!(p.completed_ttl >= secs(HOUR), "{}", p.name);
+            assert!(PRESETS[..i].iter().all(|q| q.name != p.name));
+        }
+        for name in [
+            "wechat-mp",
+            "wecom",
+            "wkteam",
+            "feishu",
+            "slack",
+            "github",
+            "stripe",
+            "shopify",
+            "telegram",
+            "standard-webhooks",
+            "dingtalk",
+        ] {
+            assert!(preset(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn windows_are_inclusive_at_the_edge() {
+        assert_eq!(within(1000, 1300, 300, 300, "w"), Ok(()));
+        assert_eq!(within(1000, 700, 300, 300, "w"), Ok(()));
+        assert!(within(1000, 1301, 300, 300, "w").is_err());
+        assert!(within(1000, 699, 300, 300, "w").is_err());
+        assert!(within(i64::MIN, i64::MAX, 300, 300, "w").is_err());
+    }
+
+    #[test]
+    fn secrets_that_cannot_be_checked_are_refused() {
+        let wkteam = preset("wkteam").expect("wkteam");
+        let problems = Sender::new(
+            wkteam,
+            Credentials {
+                secret: Some(Secret::new("s3cr3t-value")),
+                ..Credentials::default()
+            },
+        )
+        .expect_err("wkteam has no signature");
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].field, Field::Secret);
+        assert!(!problems[0].problem.contains("s3cr3t"));
+        let slack = preset("slack").expect("slack");
+        let problems = Sender::new(
+            slack,
+            Credentials {
+                aes_key: Some(Secret::new("k")),
+                app_id: Some("wx1".into()),
+                ..Credentials::default()
+            },
+        )
+        .expect_err("slack does not encrypt");
+        assert_eq!(
+            problems.iter().map(|p| p.field).collect::<Vec<_>>(),
+            vec![Field::AesKey, Field::AppId]
+        );
+    }
+}

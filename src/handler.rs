@@ -90,17 +90,23 @@ async fn keyed(
         Some(Err(failure)) => return (None, Err(failure.into())),
     };
     let handshake = verdict == Verdict::Handshake;
-    let key = match verdict {
-        Verdict::Handshake => None,
-        _ => match config.key.derive(Input {
+    let derived = if handshake {
+        Ok(None)
+    } else {
+        let input = Input {
             head: &head,
             body: verdict.key_body(&body),
-        }) {
-            Ok(value) => value.map(|value| stored_key(&gw.key_prefix, &config.name, &value)),
-            Err(_refused) => return (None, Err(GatewayError::ForbiddenXml)),
-        },
+        };
+        config
+            .key
+            .derive(input)
+            .map(|v| v.map(|v| stored_key(&gw.key_prefix, &config.name, &v)))
     };
-    drop(verdict);
+    drop(verdict); // the plaintext is not needed past here
+    let key = match derived {
+        Ok(key) => key,
+        Err(_refused) => return (None, Err(GatewayError::ForbiddenXml)),
+    };
     let Some(key) = key else {
         let policy = match config.policy.mode {
             Mode::Shadow => OnMissingKey::Forward,   // shadow mode forwards every request

@@ -266,7 +266,11 @@ fn key(
                     verdict
                 }
                 Ok(verdict) => {
-                    eprintln!("signature not checked (route has no secret for {})", sender.preset.name);
+                    let why = match sender.preset.scheme {
+                        senders::Scheme::None => "the sender signs nothing",
+                        _ => "the route has no secret",
+                    };
+                    eprintln!("signature not checked ({}: {why})", sender.preset.name);
                     verdict
                 }
                 Err(Failure::Rejected(why)) => {

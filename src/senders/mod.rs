@@ -716,6 +716,49 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn route_settings_win_over_the_preset_which_wins_over_defaults() {
+        let cfg = crate::Config::parse(
+            r#"
+            [defaults]
+            completed_ttl = "2h"
+            duplicate_body = "from defaults"
+            key = ["json:/msgId"]
+            [[routes]]
+            name = "a"
+            path = "/a"
+            upstream = "http://127.0.0.1:1"
+            preset = "slack"
+            in_flight_wait = "1s"
+            "#,
+        )
+        .expect("config");
+        let r = &cfg.routes[0];
+        let sender = r.sender.as_ref().expect("sender");
+        assert_eq!(r.policy.in_flight_wait, secs(1), "the route's own value");
+        assert_eq!(r.policy.completed_ttl, secs(HOUR), "the preset's, over [defaults]");
+        assert_eq!(&r.policy.duplicate.body[..], b"");
+        let keys: Vec<&str> = r.key.alternatives().iter().map(|a| a.text()).collect();
+        assert_eq!(keys, vec!["json:/event_id"]);
+        assert!(!sender.filled.contains(&"in_flight_wait"));
+        assert!(sender.filled.contains(&"completed_ttl"));
+        assert!(!sender.is_verified());
+        assert!(format!("{cfg:?}").contains("preset: \"slack\""));
+        let with_secret = crate::Config::parse(
+            r#"
+            [[routes]]
+            name = "gh"
+            path = "/gh"
+            upstream = "http://127.0.0.1:1"
+            preset = "github"
+            secret = "hunter2-never-printed"
+            "#,
+        )
+        .expect("config");
+        assert!(!format!("{with_secret:?}").contains("hunter2"));
+        assert!(with_secret.routes[0].sender.as_ref().is_some_and(Sender::is_verified));
+    }
+
+    #[test]
     fn windows_are_inclusive_at_the_edge() {
         assert_eq!(within(1000, 1300, 300, 300, "w"), Ok(()));
         assert_eq!(within(1000, 700, 300, 300, "w"), Ok(()));

@@ -8,6 +8,7 @@ mod process;
 mod proxy;
 mod redis;
 mod senders;
+mod senders_cli;
 mod servers;
 mod shutdown;
 mod signing;

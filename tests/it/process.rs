@@ -38,7 +38,7 @@ impl Drop for TempFile {
     }
 }
 
-fn run(args: &[&str], stdin: &str) -> Output {
+pub(crate) fn run(args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
         .env_remove("DEDUP_GATEWAY_CONFIG")
@@ -58,7 +58,7 @@ fn run(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().expect("wait")
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 

@@ -412,6 +412,34 @@ mod tests {
     }
 
     #[test]
+    fn xml_sources_compose_and_a_doctype_refuses_the_request() {
+        let h = head("/", &[("x-id", "h1")]);
+        let key = spec(&["xml:MsgId", "xml:FromUserName+xml:CreateTime", "header:x-id"]);
+        let event = b"<xml><FromUserName><![CDATA[o_abc]]></FromUserName><CreateTime>1700000000</CreateTime></xml>";
+        let input = Input { head: &h, body: event };
+        assert_eq!(key.derive(input).expect("ok").as_deref(), Some("o_abc+1700000000"));
+        let (found, misses) = key.explain(input);
+        assert_eq!(found.map(|(s, _)| s), Some("xml:FromUserName+xml:CreateTime"));
+        assert_eq!(misses, vec!["xml:MsgId: not present"]);
+        let bomb = b"<!DOCTYPE x [<!ENTITY a \"b\">]><xml><MsgId>&a;</MsgId></xml>";
+        let input = Input { head: &h, body: bomb };
+        assert_eq!(key.derive(input), Err(Refused), "refused, not the header fallback");
+        assert_eq!(
+            key.explain(input).1,
+            vec!["xml:MsgId: body has a DOCTYPE or entity declaration (refused)"]
+        );
+        let broken = Input {
+            head: &h,
+            body: b"<xml><MsgId>1</MsgId>",
+        };
+        assert_eq!(
+            key.derive(broken).expect("ok").as_deref(),
+            Some("h1"),
+            "malformed: the next source"
+        );
+    }
+
+    #[test]
     fn source_errors_name_the_choices() {
         assert_eq!(
             Source::parse("jsn:/msgId").expect_err("bad"),

@@ -37,6 +37,9 @@ pub enum GatewayError {
     TooLarge { limit: u64 },
     #[error("reading the request body failed: {0}")]
     BadBody(#[source] hyper::Error),
+    /// The body did not arrive within `body_timeout` (a slow client, or a slowloris).
+    #[error("request body not received within {0:?}")]
+    SlowBody(std::time::Duration),
     #[error("no dedup key in the request")]
     MissingKey,
     /// The sender's signature is missing or wrong (checked before any store call).
@@ -68,7 +71,10 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             GatewayError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::BadBody(_) | GatewayError::MissingKey | GatewayError::ForbiddenXml => StatusCode::BAD_REQUEST,
+            GatewayError::BadBody(_)
+            | GatewayError::SlowBody(_)
+            | GatewayError::MissingKey
+            | GatewayError::ForbiddenXml => StatusCode::BAD_REQUEST,
             GatewayError::Rejected(_) => StatusCode::UNAUTHORIZED,
             GatewayError::InFlight => StatusCode::CONFLICT,
             GatewayError::StoreUnavailable(_) | GatewayError::Abandoned => StatusCode::SERVICE_UNAVAILABLE,
@@ -84,7 +90,7 @@ impl GatewayError {
     pub fn outcome(&self) -> Outcome {
         match self {
             GatewayError::TooLarge { .. } => Outcome::TooLarge,
-            GatewayError::BadBody(_) | GatewayError::ForbiddenXml => Outcome::BadRequest,
+            GatewayError::BadBody(_) | GatewayError::SlowBody(_) | GatewayError::ForbiddenXml => Outcome::BadRequest,
             GatewayError::Rejected(_) => Outcome::Rejected,
             GatewayError::MissingKey => Outcome::NoKey,
             GatewayError::InFlight => Outcome::InFlight,
@@ -104,15 +110,16 @@ impl GatewayError {
     }
 
     /// Whether the connection must close after this answer (the rest of an oversized
-    /// body is never read).
+    /// or too slow body is never read).
     pub fn closes_connection(&self) -> bool {
-        matches!(self, GatewayError::TooLarge { .. })
+        matches!(self, GatewayError::TooLarge { .. } | GatewayError::SlowBody(_))
     }
 
     fn reason(&self) -> &'static str {
         match self {
             GatewayError::TooLarge { .. } => "request body too large\n",
             GatewayError::BadBody(_) => "could not read the request body\n",
+            GatewayError::SlowBody(_) => "request body too slow\n",
             GatewayError::MissingKey => "no message id in the request\n",
             GatewayError::Rejected(_) => "signature check failed\n",
             GatewayError::ForbiddenXml => "XML with a DOCTYPE is not accepted\n",
@@ -170,6 +177,9 @@ mod tests {
         assert_eq!(not_found().status(), 404);
         assert_eq!(row(GatewayError::TooLarge { limit: 1 }), (413, "too_large", false));
         assert_eq!(row(GatewayError::MissingKey), (400, "no_key", false));
+        let slow = GatewayError::SlowBody(std::time::Duration::from_secs(1));
+        assert!(slow.closes_connection());
+        assert_eq!(row(slow), (400, "bad_request", false));
         assert_eq!(
             row(GatewayError::Rejected(Rejection::Missing("x-slack-signature"))),
             (401, "rejected", false)

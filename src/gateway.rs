@@ -23,6 +23,8 @@ pub struct Gateway {
     pub upstream: Upstream,
     pub metrics: Metrics,
     pub max_body: u64,
+    /// Bound on reading a request body (`server.body_timeout`).
+    pub body_timeout: std::time::Duration,
     pub key_prefix: String,
     pub on_store_error: OnStoreError,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
@@ -54,6 +56,7 @@ impl Gateway {
             upstream: Upstream::new(),
             metrics,
             max_body: config.server.max_body,
+            body_timeout: config.server.body_timeout,
             key_prefix: config.store.key_prefix.clone(),
             on_store_error: config.store.on_error,
             tasks: TaskTracker::new(),

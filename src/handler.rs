@@ -77,10 +77,12 @@ async fn keyed(
     req: Request<Incoming>,
 ) -> (Option<Arc<str>>, Result<Answer, GatewayError>) {
     let (head, body) = req.into_parts();
-    let body = match body::read_limited(body, gw.max_body).await {
-        Ok(body) => body,
-        Err(ReadError::TooLarge { limit }) => return (None, Err(GatewayError::TooLarge { limit })),
-        Err(ReadError::Broken(e)) => return (None, Err(GatewayError::BadBody(e))),
+    let read = tokio::time::timeout(gw.body_timeout, body::read_limited(body, gw.max_body));
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(ReadError::TooLarge { limit })) => return (None, Err(GatewayError::TooLarge { limit })),
+        Ok(Err(ReadError::Broken(e))) => return (None, Err(GatewayError::BadBody(e))),
+        Err(_) => return (None, Err(GatewayError::SlowBody(gw.body_timeout))),
     };
     let config = &route.config;
     // The sender's check comes before any store call; keys read the plaintext.

@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! - [`config`]: `gateway.toml` into validated types; every problem with its key path.
-//! - [`server`]: accept loop (HTTP/1.1 + h2c), header timeout, drain on shutdown.
+//! - [`server`]: accept loop and the drain on shutdown; [`conn`]: one connection
+//!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds.
 //! - [`framing`]: rejects requests framed by both Content-Length and Transfer-Encoding.
 //! - [`handler`]: one request: route, read body, derive key, hand to the state machine.
 //! - [`routing`]: which route serves a path.
@@ -23,6 +24,7 @@
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod conn;
 pub mod dedup;
 pub mod error;
 pub mod framing;

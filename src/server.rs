@@ -1,27 +1,23 @@
-//! The proxy listener: accept loop, HTTP/1.1 and h2c on one port, header-read timeout,
-//! and the drain on shutdown (not-ready, keep accepting for `shutdown_delay`, stop,
-//! let in-flight requests finish for `shutdown_grace`, release what is abandoned).
+//! The proxy listener: accept loop, and the drain on shutdown (not-ready, keep
+//! accepting for `shutdown_delay`, stop, let in-flight requests finish for
+//! `shutdown_grace`, release what is abandoned). One connection is [`crate::conn`].
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::server::conn::{http1, http2};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use crate::admin;
 use crate::config::ServerConfig;
-use crate::framing::FramingGuard;
+use crate::conn::{self, Protocols};
 use crate::gateway::Gateway;
-use crate::proxy::Peer;
-use crate::{admin, handler};
 
 /// The sockets the gateway serves on, bound before anything runs (tests bind port 0).
 pub struct Listeners {
@@ -62,50 +58,38 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         h1,
         h2,
         header_timeout: server.header_timeout,
+        idle_timeout: server.idle_timeout,
         closing: CancellationToken::new(),
+        draining: CancellationToken::new(),
     });
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     let listener = listeners.proxy;
 
     tokio::select! {
-        () = accept_loop(&gw, &protocols, &graceful, &listener) => {}
+        () = accept_loop(&gw, &protocols, &connections, &listener) => {}
         () = shutdown => {}
     }
     gw.start_draining();
     if !server.shutdown_delay.is_zero() {
         tracing::info!(delay = ?server.shutdown_delay, "not ready; still accepting during shutdown_delay");
         tokio::select! {
-            () = accept_loop(&gw, &protocols, &graceful, &listener) => {}
+            () = accept_loop(&gw, &protocols, &connections, &listener) => {}
             () = tokio::time::sleep(server.shutdown_delay) => {}
         }
     }
     drop(listener);
     protocols.closing.cancel();
-    drain(&gw, graceful, server.shutdown_grace).await;
-}
-
-/// How connections are served, shared by every connection task.
-struct Protocols {
-    h1: http1::Builder,
-    h2: http2::Builder<TokioExecutor>,
-    header_timeout: Duration,
-    /// Cancelled when the listener closes: connections that have not said a word yet
-    /// are dropped rather than served (or waited for) during the drain.
-    closing: CancellationToken,
+    protocols.draining.cancel();
+    connections.close();
+    drain(&gw, &connections, server.shutdown_grace).await;
 }
 
 /// Accepts connections forever.
-async fn accept_loop(
-    gw: &Arc<Gateway>,
-    protocols: &Arc<Protocols>,
-    graceful: &GracefulShutdown,
-    listener: &TcpListener,
-) {
+async fn accept_loop(gw: &Arc<Gateway>, protocols: &Arc<Protocols>, connections: &TaskTracker, listener: &TcpListener) {
     loop {
         match listener.accept().await {
             Ok((stream, addr)) => {
-                let task = serve(Arc::clone(gw), Arc::clone(protocols), graceful.watcher(), stream, addr);
-                tokio::spawn(task);
+                connections.spawn(conn::serve(Arc::clone(gw), Arc::clone(protocols), stream, addr));
             }
             Err(e) => {
                 // Typically EMFILE: back off instead of spinning.
@@ -116,59 +100,12 @@ async fn accept_loop(
     }
 }
 
-/// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
-async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, watcher: Watcher, mut stream: TcpStream, addr: SocketAddr) {
-    let _ = stream.set_nodelay(true);
-    let sniffed = tokio::select! {
-        biased;
-        () = protocols.closing.cancelled() => return,
-        sniffed = tokio::time::timeout(protocols.header_timeout, sniff(&mut stream)) => sniffed,
-    };
-    let Ok(Some((prefix, is_h2))) = sniffed else {
-        return; // silent, closed, or too slow to say which protocol: cut off
-    };
-    let peer = Peer { addr };
-    let service = service_fn(move |req| handler::handle(Arc::clone(&gw), peer, req));
-    let io = TokioIo::new(FramingGuard::new(stream, prefix, !is_h2));
-    let result = if is_h2 {
-        watcher.watch(protocols.h2.serve_connection(io, service)).await
-    } else {
-        watcher.watch(protocols.h1.serve_connection(io, service)).await
-    };
-    if let Err(e) = result {
-        tracing::debug!(client = %addr, error = %e, "connection ended with an error");
-    }
-}
-
-const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Reads until the first bytes tell HTTP/2 prior knowledge from HTTP/1 (usually the
-/// second byte). Returns what was read and whether it is HTTP/2; `None` if the peer
-/// closed first. The caller bounds it by `header_timeout`, which therefore also cuts
-/// connections that never send a byte.
-async fn sniff(stream: &mut TcpStream) -> Option<(Bytes, bool)> {
-    let mut buf = [0u8; H2_PREFACE.len()];
-    let mut n = 0;
-    loop {
-        match stream.read(&mut buf[n..]).await {
-            Ok(0) | Err(_) => return None,
-            Ok(read) => n += read,
-        }
-        if buf[..n] != H2_PREFACE[..n] {
-            return Some((Bytes::copy_from_slice(&buf[..n]), false));
-        }
-        if n == H2_PREFACE.len() {
-            return Some((Bytes::copy_from_slice(&buf), true));
-        }
-    }
-}
-
 /// Lets connections and owner tasks finish within `grace`; then owners still running
 /// release their claims (so the sender's retry is processed) and are dropped.
-async fn drain(gw: &Gateway, graceful: GracefulShutdown, grace: Duration) {
+async fn drain(gw: &Gateway, connections: &TaskTracker, grace: Duration) {
     let deadline = Instant::now() + grace;
     gw.tasks.close();
-    let connections = graceful.shutdown();
+    let connections = connections.wait();
     tokio::pin!(connections);
     let finished = tokio::time::timeout_at(deadline, async {
         (&mut connections).await;

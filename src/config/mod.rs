@@ -32,8 +32,15 @@ pub struct ServerConfig {
     pub admin_listen: Option<SocketAddr>,
     /// Larger request bodies get 413; nothing is stored or forwarded.
     pub max_body: u64,
-    /// Slow clients are cut off when their headers take longer than this.
+    /// From a request's first byte (or the end of the previous one on a kept-alive
+    /// connection) to the end of its head; slower clients are cut off.
     pub header_timeout: Duration,
+    /// The whole body must arrive within this after the head (per request, or per h2
+    /// stream), else 400 and the connection is closed.
+    pub body_timeout: Duration,
+    /// A connection that carries no request for this long is closed (before its first
+    /// byte; an h2c connection between streams).
+    pub idle_timeout: Duration,
     /// On SIGTERM: keep accepting (while reporting not-ready) for this long, so load
     /// balancers stop sending before the listener closes.
     pub shutdown_delay: Duration,
@@ -136,13 +143,21 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
         header_timeout: s
             .duration("header_timeout", problems)
             .unwrap_or(Duration::from_secs(10)),
+        body_timeout: s.duration("body_timeout", problems).unwrap_or(Duration::from_secs(30)),
+        idle_timeout: s.duration("idle_timeout", problems).unwrap_or(Duration::from_secs(120)),
         shutdown_delay: s.duration("shutdown_delay", problems).unwrap_or(Duration::ZERO),
         shutdown_grace: s
             .duration("shutdown_grace", problems)
             .unwrap_or(Duration::from_secs(30)),
     };
-    if server.header_timeout.is_zero() {
-        problems.push(s.path_of("header_timeout"), "must be greater than 0");
+    for (key, value) in [
+        ("header_timeout", server.header_timeout),
+        ("body_timeout", server.body_timeout),
+        ("idle_timeout", server.idle_timeout),
+    ] {
+        if value.is_zero() {
+            problems.push(s.path_of(key), "must be greater than 0");
+        }
     }
     s.finish(problems);
     Some(server)
@@ -237,7 +252,7 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                     None
                 }
             };
-            let pool_size = pool_size.unwrap_or(32) as usize;
+            let pool_size = pool_size.unwrap_or(DEFAULT_POOL_SIZE) as usize;
             if pool_size == 0 {
                 problems.push(s.path_of("pool_size"), "must be at least 1");
             }
@@ -259,6 +274,10 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
         on_error,
     })
 }
+
+/// Redis connections per gateway. Each carries any number of concurrent calls
+/// (pipelined), so a few suffice; more lanes mean smaller batches per write.
+pub const DEFAULT_POOL_SIZE: u64 = 4;
 
 /// The smallest `max_bytes` accepted: a bound that holds almost nothing is a mistake.
 const MIN_MAX_BYTES: u64 = 64 << 10;

@@ -237,7 +237,7 @@ pub trait Store: Send + Sync + 'static {
 /// The configured backend, chosen at start.
 pub enum AnyStore {
     Memory(MemoryStore),
-    Redis(RedisStore),
+    Redis(Box<RedisStore>),
 }
 
 macro_rules! each_backend {
@@ -287,9 +287,11 @@ impl Store for AnyStore {
 pub async fn connect(config: &StoreConfig) -> Result<AnyStore, StoreError> {
     match &config.backend {
         Backend::Memory { max_entries, max_bytes } => Ok(AnyStore::Memory(MemoryStore::new(*max_entries, *max_bytes))),
-        Backend::Redis { target, pool_size } => RedisStore::connect(target, *pool_size, config.timeout)
-            .await
-            .map(AnyStore::Redis),
+        Backend::Redis { target, pool_size } => {
+            RedisStore::connect(target, *pool_size, config.timeout, &config.key_prefix)
+                .await
+                .map(|s| AnyStore::Redis(Box::new(s)))
+        }
     }
 }
 

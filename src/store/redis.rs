@@ -6,20 +6,25 @@
 //! `{"state":"processing","token":"<32 hex>","first_seen_ms":<unix ms>}` and
 //! `{"state":"completed","first_seen_ms":..,"completed_ms":..,"response":{..}}`.
 //!
-//! Connections come from a deadpool pool of redis-rs connections with a manager that
-//! does not PING on checkout (deadpool-redis's does: a second round trip per call).
-//! A connection whose call timed out or failed at the transport is discarded instead:
-//! if a reply never arrives (a broken middlebox), that connection's reply queue would
-//! stay one behind and every later call on it would read its predecessor's answer.
+//! Connections are redis-rs multiplexed connections: each carries every concurrent call
+//! at once (they are pipelined onto the socket and their replies matched in order), so
+//! a burst of claims costs one write and one read on each side instead of one per call.
+//! `pool_size` of them are used in turn. A connection is dropped (and the next call
+//! connects afresh, to wherever the URL resolves now) when a call on it timed out or
+//! broke at the transport, or when Redis answered that it cannot take writes (a demoted
+//! primary after a failover): see [`Failure`].
 
 use std::sync::Arc;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use base64::Engine as _;
 use bytes::Bytes;
-use deadpool::managed::{self, Metrics, Object, RecycleResult};
-use deadpool_redis::redis::{self, AsyncConnectionConfig, Cmd, FromRedisValue, RedisError, Script, ScriptInvocation};
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation,
+};
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -47,219 +52,356 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub struct RedisStore {
-    pool: Pool,
-    health: Pool,
+    conns: Connections,
+    /// Readiness has a connection of its own: it must answer for the store, not queue
+    /// behind (or be dropped with) a traffic connection.
+    health: Connections,
+    /// Written by the readiness check: `PING` answers on a read-only replica too.
+    health_key: String,
     timeout: Duration,
+    connector: Connector,
 }
 
-enum Pool {
-    Standalone(managed::Pool<Standalone>),
-    Cluster(managed::Pool<Cluster>),
+/// What a failed call tells about the command and about the connection it used. One
+/// table decides it for every reply Redis can give ([`REPLY_CODES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// Sent, and no reply came (transport error, timeout): it may have taken effect.
+    /// The connection is dropped.
+    Lost,
+    /// Refused by a node that cannot take writes now (a replica after a failover, a node
+    /// loading its data, a cluster without quorum): it did not take effect. Every
+    /// connection is dropped, so the next call connects to wherever the URL points now.
+    CannotWrite,
+    /// Refused for another reason (out of memory, a missing script, a redirect): it did
+    /// not take effect, and the connection is fine.
+    Refused,
+    /// A reply of the wrong shape.
+    Unreadable,
 }
 
-/// A checked-out connection of either kind.
-enum Conn {
-    Standalone(Object<Standalone>),
-    Cluster(Object<Cluster>),
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drops {
+    None,
+    This,
+    All,
 }
 
-struct Standalone {
-    client: redis::Client,
-    config: AsyncConnectionConfig,
-}
+/// Reply codes (the first word of a Redis error reply) and what they mean here; any
+/// other code is [`Failure::Refused`].
+const REPLY_CODES: &[(&str, Failure)] = &[
+    ("READONLY", Failure::CannotWrite),
+    ("LOADING", Failure::CannotWrite),
+    ("MASTERDOWN", Failure::CannotWrite),
+    ("CLUSTERDOWN", Failure::CannotWrite),
+    ("OOM", Failure::Refused),
+    ("NOSCRIPT", Failure::Refused),
+    ("MOVED", Failure::Refused),
+    ("ASK", Failure::Refused),
+    ("TRYAGAIN", Failure::Refused),
+    ("BUSY", Failure::Refused),
+    ("MISCONF", Failure::Refused),
+    ("NOPERM", Failure::Refused),
+];
 
-struct Cluster {
-    client: redis::cluster::ClusterClient,
-}
-
-impl managed::Manager for Standalone {
-    type Type = redis::aio::MultiplexedConnection;
-    type Error = RedisError;
-
-    async fn create(&self) -> Result<Self::Type, RedisError> {
-        self.client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-    }
-
-    async fn recycle(&self, _: &mut Self::Type, _: &Metrics) -> RecycleResult<RedisError> {
-        Ok(()) // broken connections are discarded when a call fails on them
-    }
-}
-
-impl managed::Manager for Cluster {
-    type Type = redis::cluster_async::ClusterConnection;
-    type Error = RedisError;
-
-    async fn create(&self) -> Result<Self::Type, RedisError> {
-        self.client.get_async_connection().await
-    }
-
-    async fn recycle(&self, _: &mut Self::Type, _: &Metrics) -> RecycleResult<RedisError> {
-        Ok(())
-    }
-}
-
-impl redis::aio::ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Conn::Standalone(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+impl Failure {
+    fn of(e: &RedisError) -> Self {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+            return Failure::Lost;
+        }
+        if let Some(code) = e.code() {
+            return REPLY_CODES
+                .iter()
+                .find(|(c, _)| *c == code)
+                .map_or(Failure::Refused, |(_, f)| *f);
+        }
+        match e.kind() {
+            ErrorKind::UnexpectedReturnType | ErrorKind::Parse => Failure::Unreadable,
+            _ => Failure::Refused,
         }
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+    /// Which connections a call that failed this way takes out of use.
+    fn drops(self) -> Drops {
         match self {
-            Conn::Standalone(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Failure::Lost => Drops::This,
+            // About the node, not this connection: every connection opened before the
+            // failover reaches the same demoted node.
+            Failure::CannotWrite => Drops::All,
+            Failure::Refused | Failure::Unreadable => Drops::None,
         }
     }
 
-    fn get_db(&self) -> i64 {
+    fn error(self, e: &RedisError) -> StoreError {
         match self {
-            Conn::Standalone(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-impl Conn {
-    /// Drops the connection instead of returning it to the pool.
-    fn discard(self) {
-        match self {
-            Conn::Standalone(c) => drop(Object::take(c)),
-            Conn::Cluster(c) => drop(Object::take(c)),
+            Failure::Lost => StoreError::Lost(e.to_string()),
+            Failure::CannotWrite | Failure::Refused => StoreError::Unavailable(e.to_string()),
+            Failure::Unreadable => StoreError::Corrupt(e.to_string()),
         }
     }
 }
 
-/// One call: a command or a script invocation.
+/// The connections of one kind, used in turn.
+enum Connections {
+    Standalone(Lanes<redis::aio::MultiplexedConnection>),
+    Cluster(Lanes<redis::cluster_async::ClusterConnection>),
+}
+
+/// Opens connections of one kind.
+enum Connector {
+    Standalone {
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+    },
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// `pool_size` slots, each holding a shared connection or nothing (then the next call
+/// through it connects).
+struct Lanes<C> {
+    lanes: Box<[Lane<C>]>,
+    next: AtomicUsize,
+}
+
+struct Lane<C> {
+    conn: ArcSwapOption<C>,
+    /// Held while connecting, so a burst of calls opens one connection, not one each.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl<C: Clone> Lanes<C> {
+    fn new(size: usize) -> Self {
+        Lanes {
+            lanes: (0..size.max(1))
+                .map(|_| Lane {
+                    conn: ArcSwapOption::empty(),
+                    connecting: tokio::sync::Mutex::new(()),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// A connection to send on: the next lane's, opened by `open` if it has none.
+    async fn get<F, Fut>(&self, open: F) -> Result<(usize, Arc<C>), RedisError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<C, RedisError>>,
+    {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+        let lane = &self.lanes[i];
+        if let Some(conn) = lane.conn.load_full() {
+            return Ok((i, conn));
+        }
+        let _connecting = lane.connecting.lock().await;
+        if let Some(conn) = lane.conn.load_full() {
+            return Ok((i, conn)); // another call connected while this one waited
+        }
+        let conn = Arc::new(open().await?);
+        lane.conn.store(Some(Arc::clone(&conn)));
+        Ok((i, conn))
+    }
+
+    fn drop_all(&self) {
+        for lane in &self.lanes {
+            lane.conn.store(None);
+        }
+    }
+
+    /// Stops using the connection at `sent` (if its lane still holds it); calls already
+    /// on it finish.
+    fn drop_conn(&self, sent: Sent) {
+        let lane = &self.lanes[sent.lane];
+        let current = lane.conn.load();
+        if current.as_ref().is_some_and(|c| Arc::as_ptr(c) as usize == sent.conn) {
+            lane.conn.compare_and_swap(&*current, None);
+        }
+    }
+}
+
+/// Which connection a call went out on: its lane, and the connection's address (to
+/// drop that one only, not a newer one in the same lane).
+#[derive(Clone, Copy)]
+struct Sent {
+    lane: usize,
+    conn: usize,
+}
+
+/// One call: a command, a script invocation, or a pipeline.
 enum Call<'a> {
     Cmd(&'a Cmd),
     Script(&'a ScriptInvocation<'a>),
+    Pipe(&'a redis::Pipeline),
+}
+
+impl Call<'_> {
+    async fn on<T: FromRedisValue>(&self, conn: &mut impl redis::aio::ConnectionLike) -> Result<T, RedisError> {
+        match self {
+            Call::Cmd(cmd) => cmd.query_async(conn).await,
+            Call::Script(script) => script.invoke_async(conn).await,
+            Call::Pipe(pipe) => pipe.query_async(conn).await,
+        }
+    }
+}
+
+impl Connections {
+    fn new(target: &RedisTarget, size: usize) -> Self {
+        match target {
+            RedisTarget::Standalone(_) => Connections::Standalone(Lanes::new(size)),
+            // The cluster connection multiplexes over every node by itself: one suffices.
+            RedisTarget::Cluster(_) => Connections::Cluster(Lanes::new(1)),
+        }
+    }
+
+    /// Sends `call` on one connection, noting in `sent` where it went once it did (so a
+    /// timeout can tell "no connection" from "no reply", and drop that connection).
+    async fn send<T: FromRedisValue>(
+        &self,
+        connector: &Connector,
+        call: &Call<'_>,
+        sent: &mut Option<Sent>,
+    ) -> Result<T, (Failure, StoreError)> {
+        macro_rules! on_lanes {
+            ($lanes:expr, $open:expr) => {{
+                let (lane, conn) = $lanes.get($open).await.map_err(|e| {
+                    let error = StoreError::Unavailable(format!("cannot connect: {e}"));
+                    (Failure::Refused, error) // nothing was sent
+                })?;
+                let here = Sent {
+                    lane,
+                    conn: Arc::as_ptr(&conn) as usize,
+                };
+                *sent = Some(here);
+                let result = call.on::<T>(&mut (*conn).clone()).await;
+                result.map_err(|e| {
+                    let failure = Failure::of(&e);
+                    match failure.drops() {
+                        Drops::This => $lanes.drop_conn(here),
+                        Drops::All => $lanes.drop_all(),
+                        Drops::None => {}
+                    }
+                    (failure, failure.error(&e))
+                })
+            }};
+        }
+        match (self, connector) {
+            (Connections::Standalone(lanes), Connector::Standalone { client, config }) => {
+                on_lanes!(lanes, || client.get_multiplexed_async_connection_with_config(config))
+            }
+            (Connections::Cluster(lanes), Connector::Cluster(client)) => {
+                on_lanes!(lanes, || client.get_async_connection())
+            }
+            _ => Err((Failure::Refused, StoreError::Unavailable("store misconfigured".into()))),
+        }
+    }
+
+    fn drop_conn(&self, sent: Sent) {
+        match self {
+            Connections::Standalone(lanes) => lanes.drop_conn(sent),
+            Connections::Cluster(lanes) => lanes.drop_conn(sent),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Connections::Standalone(lanes) => lanes.lanes.len(),
+            Connections::Cluster(lanes) => lanes.lanes.len(),
+        }
+    }
+}
+
+impl Connector {
+    fn new(target: &RedisTarget, timeout: Duration) -> Result<Self, StoreError> {
+        Ok(match target {
+            RedisTarget::Standalone(url) => Connector::Standalone {
+                client: redis::Client::open(url.as_str()).map_err(|e| unavailable("invalid url", &e))?,
+                config: AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(None), // our own deadline bounds every call
+            },
+            RedisTarget::Cluster(seeds) => Connector::Cluster(
+                redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| unavailable("invalid cluster seeds", &e))?,
+            ),
+        })
+    }
 }
 
 impl RedisStore {
-    /// Builds the pools and checks the server(s): Redis >= 7 (for `SET NX GET`), and a
+    /// Opens the store and checks the server(s): Redis >= 7 (for `SET NX GET`), and a
     /// warning unless `maxmemory-policy` is `noeviction` (an evicting Redis silently
     /// drops markers).
-    pub async fn connect(target: &RedisTarget, pool_size: usize, timeout: Duration) -> Result<Self, StoreError> {
+    pub async fn connect(
+        target: &RedisTarget,
+        pool_size: usize,
+        timeout: Duration,
+        key_prefix: &str,
+    ) -> Result<Self, StoreError> {
+        let connector = Connector::new(target, timeout)?;
         let store = RedisStore {
-            pool: Pool::new(target, pool_size, timeout)?,
-            // Readiness gets its own connection: a pool saturated by traffic must not
-            // make every replica report not-ready at once.
-            health: Pool::new(target, 1, timeout)?,
+            conns: Connections::new(target, pool_size),
+            health: Connections::new(target, 1),
+            health_key: format!("{key_prefix}__readyz"),
             timeout,
+            connector,
         };
         for url in target.urls() {
             check_server(url, timeout).await?;
         }
-        store.load_scripts().await?;
+        // Every connection now, in turn: a lane must not have to connect in the middle
+        // of a burst (nor find out only then that it cannot).
+        for _ in 0..store.conns.len() {
+            store.load_scripts().await?;
+        }
         Ok(store)
     }
 
     /// Loads the scripts up front (on every primary of a cluster), so the first
     /// complete is one EVALSHA rather than EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA.
-    /// After a Redis restart the scripts are reloaded on the first NOSCRIPT.
+    /// After a Redis restart the scripts are reloaded on the first NOSCRIPT. One call
+    /// (a pipeline of both), on the next connection.
     async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut load = redis::pipe();
         for code in [COMPLETE_LUA, RELEASE_LUA] {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(code);
-            self.call::<redis::Value>(&self.pool, Call::Cmd(&cmd)).await?;
+            load.cmd("SCRIPT").arg("LOAD").arg(code);
         }
-        Ok(())
+        self.call::<redis::Value>(&self.conns, Call::Pipe(&load))
+            .await
+            .map(drop)
     }
 
-    /// One command on a pooled connection, within `store.timeout` in all.
-    async fn call<T: FromRedisValue>(&self, pool: &Pool, call: Call<'_>) -> Result<T, StoreError> {
+    /// One call, within `store.timeout` in all (connecting included). A call refused
+    /// because the node cannot take writes did not take effect, and its connection was
+    /// dropped: it is sent once more, on a fresh connection to wherever the URL points
+    /// now (after a failover, the new primary), so a failover costs no answer at all.
+    async fn call<T: FromRedisValue>(&self, conns: &Connections, call: Call<'_>) -> Result<T, StoreError> {
+        let mut sent = None;
         let deadline = Instant::now() + self.timeout;
-        let mut conn = match tokio::time::timeout_at(deadline, pool.get()).await {
-            Ok(Ok(conn)) => conn,
-            // Nothing was sent: these are definite failures, not lost replies.
-            Ok(Err(e)) => {
-                pool.forget_idle();
-                return Err(StoreError::Unavailable(e));
+        let attempts = async {
+            match conns.send(&self.connector, &call, &mut sent).await {
+                Err((Failure::CannotWrite, _)) => conns.send(&self.connector, &call, &mut sent).await,
+                other => other,
             }
-            Err(_) => return Err(StoreError::Unavailable("no connection within store.timeout".into())),
         };
-        let reply = tokio::time::timeout_at(deadline, async {
-            match call {
-                Call::Cmd(cmd) => cmd.query_async::<T>(&mut conn).await,
-                Call::Script(script) => script.invoke_async::<T>(&mut conn).await,
-            }
-        })
-        .await;
-        match reply {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() => {
-                conn.discard();
-                pool.forget_idle();
-                Err(StoreError::Lost(e.to_string()))
-            }
-            // Redis answered with an error: a definite "no".
-            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Err(_) => {
-                // A reply that never comes would leave this connection's reply queue one
-                // behind, so every later call on it would read its predecessor's answer.
-                conn.discard();
-                Err(StoreError::Timeout)
-            }
+        match tokio::time::timeout_at(deadline, attempts).await {
+            Ok(result) => result.map_err(|(_, error)| error),
+            Err(_) => match sent {
+                // Sent and unanswered: it may have landed. A connection that does not
+                // answer in time is suspect (a peer gone silent): the next calls connect
+                // afresh. (Replies are matched in order, so a late one answers nobody.)
+                Some(sent) => {
+                    conns.drop_conn(sent);
+                    Err(StoreError::Timeout)
+                }
+                None => Err(StoreError::Unavailable("no connection within store.timeout".into())),
+            },
         }
     }
 }
-
-impl Pool {
-    fn new(target: &RedisTarget, size: usize, timeout: Duration) -> Result<Self, StoreError> {
-        Ok(match target {
-            RedisTarget::Standalone(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| unavailable("invalid url", &e))?;
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(None); // our own deadline bounds every call
-                Pool::Standalone(build_pool(Standalone { client, config }, size)?)
-            }
-            RedisTarget::Cluster(seeds) => {
-                let client = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| unavailable("invalid cluster seeds", &e))?;
-                Pool::Cluster(build_pool(Cluster { client }, size)?)
-            }
-        })
-    }
-
-    async fn get(&self) -> Result<Conn, String> {
-        match self {
-            Pool::Standalone(p) => p.get().await.map(Conn::Standalone).map_err(|e| e.to_string()),
-            Pool::Cluster(p) => p.get().await.map(Conn::Cluster).map_err(|e| e.to_string()),
-        }
-    }
-
-    /// After a transport failure the idle connections are probably dead too (Redis
-    /// restarted): drop them so the next calls connect afresh instead of failing one by one.
-    fn forget_idle(&self) {
-        match self {
-            Pool::Standalone(p) => drop(p.retain(|_, _| false)),
-            Pool::Cluster(p) => drop(p.retain(|_, _| false)),
-        }
-    }
-}
-
-fn build_pool<M: managed::Manager>(manager: M, size: usize) -> Result<managed::Pool<M>, StoreError> {
-    managed::Pool::builder(manager)
-        .max_size(size)
-        .runtime(deadpool::Runtime::Tokio1)
-        .build()
-        .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
-}
-
 fn unavailable(what: &str, e: &RedisError) -> StoreError {
     StoreError::Unavailable(format!("{what}: {e}"))
 }
@@ -445,7 +587,7 @@ impl Store for RedisStore {
             .arg("PX")
             .arg(millis(ttl))
             .arg("GET");
-        let previous: Option<Vec<u8>> = self.call(&self.pool, Call::Cmd(&cmd)).await?;
+        let previous: Option<Vec<u8>> = self.call(&self.conns, Call::Cmd(&cmd)).await?;
         match previous {
             None => Ok(Claim::Claimed),
             Some(raw) => parse_marker(&raw).map(Claim::Found),
@@ -459,21 +601,21 @@ impl Store for RedisStore {
             .arg(token_prefix(token))
             .arg(completed_value(&completion))
             .arg(millis(completion.ttl));
-        let done: i64 = self.call(&self.pool, Call::Script(&invocation)).await?;
+        let done: i64 = self.call(&self.conns, Call::Script(&invocation)).await?;
         Ok(done == 1)
     }
 
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let mut invocation = RELEASE.prepare_invoke();
         invocation.key(key).arg(token_prefix(token));
-        let deleted: i64 = self.call(&self.pool, Call::Script(&invocation)).await?;
+        let deleted: i64 = self.call(&self.conns, Call::Script(&invocation)).await?;
         Ok(deleted == 1)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(key);
-        let raw: Option<Vec<u8>> = self.call(&self.pool, Call::Cmd(&cmd)).await?;
+        let raw: Option<Vec<u8>> = self.call(&self.conns, Call::Cmd(&cmd)).await?;
         raw.map(|raw| parse_marker(&raw)).transpose()
     }
 
@@ -485,9 +627,13 @@ impl Store for RedisStore {
         tokio::time::sleep(backoff.min(max)).await;
     }
 
+    /// A write, not a PING: a replica answers PING but refuses writes, and readiness
+    /// must say whether claims can land. `PSETEX` rather than `SET` keeps it apart from
+    /// the claims in `INFO commandstats`.
     async fn ping(&self) -> Result<(), StoreError> {
-        let cmd = redis::cmd("PING");
-        self.call::<String>(&self.health, Call::Cmd(&cmd)).await.map(drop)
+        let mut cmd = redis::cmd("PSETEX");
+        cmd.arg(&self.health_key).arg(10_000u64).arg(super::unix_ms());
+        self.call::<redis::Value>(&self.health, Call::Cmd(&cmd)).await.map(drop)
     }
 }
 
@@ -542,6 +688,60 @@ mod tests {
             assert_eq!(first_seen_ms, 7);
             assert_eq!(response.as_deref(), c.response.as_ref());
         }
+    }
+
+    /// A reply as Redis sends it, as redis-rs turns it into an error.
+    fn reply(wire: &str) -> RedisError {
+        match redis::parse_redis_value(wire.as_bytes()).expect("a RESP reply") {
+            redis::Value::ServerError(e) => RedisError::from(e),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_kind_of_failure_is_classified_in_one_place() {
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        let cases = [
+            (
+                reply("-READONLY You can't write against a read only replica.\r\n"),
+                Failure::CannotWrite,
+            ),
+            (
+                reply("-LOADING Redis is loading the dataset in memory\r\n"),
+                Failure::CannotWrite,
+            ),
+            (reply("-MASTERDOWN Link with MASTER is down\r\n"), Failure::CannotWrite),
+            (reply("-CLUSTERDOWN The cluster is down\r\n"), Failure::CannotWrite),
+            (
+                reply("-OOM command not allowed when used memory > 'maxmemory'.\r\n"),
+                Failure::Refused,
+            ),
+            (reply("-NOSCRIPT No matching script.\r\n"), Failure::Refused),
+            (reply("-MOVED 3999 127.0.0.1:6381\r\n"), Failure::Refused),
+            (reply("-ASK 3999 127.0.0.1:6381\r\n"), Failure::Refused),
+            (reply("-ERR unknown command\r\n"), Failure::Refused),
+            (io(std::io::ErrorKind::ConnectionReset), Failure::Lost),
+            (io(std::io::ErrorKind::UnexpectedEof), Failure::Lost),
+            (io(std::io::ErrorKind::TimedOut), Failure::Lost),
+            (
+                RedisError::from((ErrorKind::UnexpectedReturnType, "not a string")),
+                Failure::Unreadable,
+            ),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(Failure::of(&error), expected, "{error}");
+            let drops = match expected {
+                Failure::Lost => Drops::This,
+                Failure::CannotWrite => Drops::All,
+                Failure::Refused | Failure::Unreadable => Drops::None,
+            };
+            assert_eq!(Failure::of(&error).drops(), drops, "{error}");
+            let ambiguous = Failure::of(&error).error(&error).is_ambiguous();
+            assert_eq!(ambiguous, expected == Failure::Lost, "{error}: may it have landed?");
+        }
+        // A timeout is the caller's own deadline: ambiguous, and it drops the connection
+        // too (`RedisStore::call`).
+        assert!(StoreError::Timeout.is_ambiguous());
     }
 
     #[test]

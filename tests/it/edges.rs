@@ -2,6 +2,8 @@
 //! way, a waiting duplicate meeting a store failure, and the other ways a real
 //! deployment could lose or double a message.
 
+use std::time::Duration;
+
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -142,4 +144,311 @@ async fn replayed_replies_stay_within_max_bytes_and_the_newest_ids_still_dedup()
         rss / MIB,
         gw.memory("VmRSS") / MIB
     );
+}
+
+/// A failover behind a stable address (DNS, a managed endpoint, a proxy): the old
+/// primary is demoted while the gateway's connections to it stay open, so every write
+/// on them gets READONLY. The gateway must drop those connections and reach the new
+/// primary by itself, within seconds, without a restart.
+#[tokio::test]
+async fn a_failover_behind_a_stable_address_heals_without_a_restart() {
+    let old = RedisServer::start().await;
+    let new = RedisServer::start().await;
+    new.cli(&["REPLICAOF", "127.0.0.1", &old.port.to_string()]);
+    let proxy = SwallowingProxy::start(old.addr()).await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&proxy.url()), &upstream).await;
+    let client = gw.client();
+    assert_eq!(client.post("/hook", &msg("before")).await.dedup(), "forwarded");
+    eventually("the replica to have the marker", || {
+        new.cli(&["GET", "dedup:bot:before"]).contains("completed")
+    })
+    .await;
+
+    // Fail over: promote the replica, demote the old primary; new connections now go to
+    // the new primary, the gateway's open ones still reach the old one.
+    new.cli(&["REPLICAOF", "NO", "ONE"]);
+    old.cli(&["REPLICAOF", "127.0.0.1", &new.port.to_string()]);
+    proxy.retarget(new.addr());
+    eventually("the old primary to refuse writes", || {
+        old.cli(&["SET", "probe", "1"]).contains("READONLY")
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    let mut refused = 0;
+    for i in 0..20 {
+        let r = client.post("/hook", &msg(&format!("after-{i}"))).await;
+        match r.dedup() {
+            "forwarded" => {}
+            "store-unavailable" => refused += 1,
+            other => panic!("{other}: {r:?}"),
+        }
+    }
+    assert_eq!(refused, 0, "every READONLY claim was sent again on a fresh connection");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(new.cli(&["GET", "dedup:bot:after-0"]).contains("completed"));
+    assert_eq!(client.post("/hook", &msg("before")).await.dedup(), "duplicate");
+    let admin = Client::http1(gw.admin.expect("admin"));
+    eventually_ready(&admin, 200).await;
+    assert_eq!(upstream.count(), 21);
+}
+
+/// PING answers on a read-only replica; claims do not land there. Readiness must say
+/// whether writes work.
+#[tokio::test]
+async fn readiness_reflects_writes_not_only_ping() {
+    let primary = RedisServer::start().await;
+    let replica = RedisServer::start().await;
+    replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&replica.url()), &upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    eventually_ready(&admin, 503).await;
+    let r = gw.client().post("/hook", &msg("nowhere")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (503, "store-unavailable"));
+    assert_eq!(upstream.count(), 0);
+    // Promoted: writable again, ready again, without a restart.
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    eventually_ready(&admin, 200).await;
+    assert_eq!(gw.client().post("/hook", &msg("nowhere")).await.dedup(), "forwarded");
+}
+
+async fn eventually_ready(admin: &Client, status: u16) {
+    crate::support::within(&format!("/readyz {status}"), async {
+        while admin.send(http::Method::GET, "/readyz", &[], "").await.status.as_u16() != status {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------- slow clients
+
+/// Writes `bytes` one at a time, `gap` apart, until they are all out or the gateway
+/// closes the connection; returns what the gateway answered and when it closed.
+async fn trickle(stream: tokio::net::TcpStream, head: &[u8], bytes: &[u8], gap: Duration) -> (String, Duration) {
+    use tokio::io::AsyncReadExt;
+    let (mut read, mut write) = stream.into_split();
+    write.write_all(head).await.expect("head");
+    let started = std::time::Instant::now();
+    let bytes = bytes.to_vec();
+    let writer = tokio::spawn(async move {
+        for b in bytes {
+            if write.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(gap).await;
+        }
+        std::future::pending::<()>().await; // keep the write side open
+    });
+    let mut answer = Vec::new();
+    let _ = crate::support::within("the gateway to cut the slow client off", read.read_to_end(&mut answer)).await;
+    writer.abort();
+    (String::from_utf8_lossy(&answer).into_owned(), started.elapsed())
+}
+
+fn slow_cfg() -> Cfg {
+    Cfg::new()
+        .server("header_timeout = \"400ms\"")
+        .server("body_timeout = \"600ms\"")
+        .server("idle_timeout = \"800ms\"")
+}
+
+/// One byte every 100 ms of a 100-byte body would take 10 s; `body_timeout` ends it,
+/// with 400 `bad-request`, while other requests are served as usual.
+#[tokio::test]
+async fn a_body_trickled_byte_by_byte_is_cut_off_by_body_timeout() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&slow_cfg(), &upstream).await;
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let head = b"POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\n";
+    let slow = tokio::spawn(trickle(stream, head, &[b'x'; 100], Duration::from_millis(100)));
+    for i in 0..5 {
+        assert_eq!(
+            gw.client().post("/hook", &msg(&format!("meanwhile-{i}"))).await.dedup(),
+            "forwarded"
+        );
+    }
+    let (answer, took) = slow.await.expect("slow client");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("x-dedup-status: bad-request"), "{answer}");
+    assert!(
+        took < Duration::from_secs(5),
+        "cut off after {took:?}, not at the end of the trickle"
+    );
+    assert_eq!(
+        gw.metric(r#"dedup_requests_total{route="bot",outcome="bad_request"}"#),
+        1.0
+    );
+    assert_eq!(upstream.count(), 5);
+}
+
+/// A head trickled byte by byte: hyper's header timer is not reset by each byte.
+#[tokio::test]
+async fn a_head_trickled_byte_by_byte_is_cut_off_by_header_timeout() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&slow_cfg(), &upstream).await;
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let (answer, took) = trickle(
+        stream,
+        b"POST /hook HTTP/1.1\r\n",
+        &[b'X'; 100],
+        Duration::from_millis(100),
+    )
+    .await;
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took < Duration::from_secs(5), "cut off after {took:?}");
+    assert_eq!(upstream.count(), 0);
+}
+
+/// An h2c connection: one stream trickles its body and is answered 400 at
+/// `body_timeout`; another stream on the same connection is served meanwhile.
+#[tokio::test]
+async fn an_h2_stream_trickling_its_body_is_cut_off_and_the_connection_serves_on() {
+    use http_body_util::BodyExt;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&slow_cfg(), &upstream).await;
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gw.addr).await.expect("connect"));
+    let (mut send, conn) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
+    let slow = http::Request::post(format!("http://{}/hook", gw.addr))
+        .body(Trickle(rx).boxed())
+        .expect("request");
+    let slow = tokio::spawn(send.send_request(slow));
+    let trickler = tokio::spawn(async move {
+        for _ in 0..100 {
+            if tx.send(bytes::Bytes::from_static(b"x")).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let started = std::time::Instant::now();
+    let fast = http::Request::post(format!("http://{}/hook", gw.addr))
+        .body(http_body_util::Full::new(bytes::Bytes::from(msg("h2-fast"))).boxed())
+        .expect("request");
+    let mut fast_sender = send.clone();
+    let fast = fast_sender.send_request(fast).await.expect("fast stream");
+    assert_eq!(fast.headers()["x-dedup-status"], "forwarded");
+    let slow = crate::support::within("the slow stream's answer", slow)
+        .await
+        .expect("join")
+        .expect("answer");
+    assert_eq!(slow.status().as_u16(), 400);
+    assert_eq!(slow.headers()["x-dedup-status"], "bad-request");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    trickler.abort();
+    assert_eq!(upstream.count(), 1);
+}
+
+/// A request body whose chunks come from a channel, as slowly as the test sends them.
+struct Trickle(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for Trickle {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// One h2 frame: length, type, flags, stream id, payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// HEADERS without END_HEADERS, then CONTINUATION frames that never end the block: hyper
+/// sees no request until the block ends, so only `header_timeout` on the open block
+/// ends it. The connection is dropped; a normal h2c client is served meanwhile.
+#[tokio::test]
+async fn an_h2_header_block_left_open_is_cut_off_by_header_timeout() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&slow_cfg(), &upstream).await;
+    let mut head = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    head.extend(h2_frame(0x4, 0, 0, &[])); // SETTINGS
+    // :method POST, :scheme http, :path / (static table), no END_HEADERS, no END_STREAM.
+    head.extend(h2_frame(0x1, 0, 1, &[0x83, 0x86, 0x84]));
+    // Then one empty CONTINUATION (no END_HEADERS) every 100 ms, for 10 s.
+    let continuation = h2_frame(0x9, 0, 1, &[]);
+    let trickled: Vec<u8> = continuation
+        .iter()
+        .copied()
+        .cycle()
+        .take(continuation.len() * 100)
+        .collect();
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let slow = tokio::spawn(async move {
+        trickle(
+            stream,
+            &head,
+            &trickled,
+            Duration::from_millis(100 / continuation.len() as u64),
+        )
+        .await
+    });
+    let h2 = crate::support::Client::h2c(gw.addr);
+    assert_eq!(h2.post("/hook", &msg("h2-meanwhile")).await.dedup(), "forwarded");
+    let (_, took) = slow.await.expect("slow client");
+    assert!(took < Duration::from_secs(5), "cut off after {took:?}");
+    assert_eq!(upstream.count(), 1);
+}
+
+/// An h2c connection with no stream is closed after `idle_timeout` (GOAWAY); one whose
+/// stream outlasts `idle_timeout` (a slow bot) is not.
+#[tokio::test]
+async fn idle_h2_connections_are_closed_and_busy_ones_are_not() {
+    let gate = Gate::new();
+    let upstream = Upstream::gated(&gate, "slow").await;
+    let gw = TestGateway::start(&slow_cfg(), &upstream).await;
+    let connect = || async {
+        let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gw.addr).await.expect("connect"));
+        hyper::client::conn::http2::handshake::<_, _, http_body_util::Full<bytes::Bytes>>(
+            hyper_util::rt::TokioExecutor::new(),
+            io,
+        )
+        .await
+        .expect("h2 handshake")
+    };
+    // Busy: a request held by the bot for twice idle_timeout still gets its answer.
+    let (mut send, conn) = connect().await;
+    let busy_conn = tokio::spawn(conn);
+    let request = http::Request::post(format!("http://{}/hook", gw.addr))
+        .body(http_body_util::Full::new(bytes::Bytes::from(msg("busy"))))
+        .expect("request");
+    let answer = tokio::spawn(send.send_request(request));
+    upstream.wait_for(1).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await; // the bot is slow: 2 x idle_timeout
+    assert!(
+        !busy_conn.is_finished(),
+        "a connection with a stream in progress is not idle"
+    );
+    gate.open(1);
+    let answer = answer.await.expect("join").expect("answer");
+    assert_eq!(answer.headers()["x-dedup-status"], "forwarded");
+    // Idle from then on: closed by the gateway.
+    let started = std::time::Instant::now();
+    crate::support::within("the idle h2 connection to be closed", busy_conn)
+        .await
+        .expect("join")
+        .expect("a clean close (GOAWAY)");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Idle from the start (the preface, no stream): closed too.
+    let (_send, conn) = connect().await;
+    crate::support::within("a connection without streams to be closed", conn)
+        .await
+        .expect("a clean close (GOAWAY)");
 }

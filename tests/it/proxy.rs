@@ -156,7 +156,10 @@ async fn ambiguous_framing_gets_400_and_a_closed_connection() {
 #[tokio::test]
 async fn header_timeout_cuts_off_slow_silent_and_idle_clients() {
     let upstream = Upstream::ok().await;
-    let gw = TestGateway::start(&Cfg::new().server("header_timeout = \"300ms\""), &upstream).await;
+    let cfg = Cfg::new()
+        .server("header_timeout = \"300ms\"")
+        .server("idle_timeout = \"300ms\""); // a connection that sends nothing is idle
+    let gw = TestGateway::start(&cfg, &upstream).await;
     // Half a head.
     let text = raw(gw.addr, b"POST /hook HTTP/1.1\r\nHost: gw\r\n").await;
     assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");

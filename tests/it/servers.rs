@@ -223,6 +223,9 @@ pub struct SwallowingProxy {
     armed: Arc<AtomicUsize>,
     pub swallowed: Arc<AtomicUsize>,
     held: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Where new connections go; connections already open stay where they went (as
+    /// behind a DNS name or a managed endpoint after a failover).
+    target: Arc<std::sync::Mutex<SocketAddr>>,
 }
 
 impl SwallowingProxy {
@@ -232,9 +235,16 @@ impl SwallowingProxy {
         let armed = Arc::new(AtomicUsize::new(0));
         let swallowed = Arc::new(AtomicUsize::new(0));
         let held = Arc::new(tokio::sync::watch::Sender::new(false));
-        let (a, s, h) = (Arc::clone(&armed), Arc::clone(&swallowed), Arc::clone(&held));
+        let target = Arc::new(std::sync::Mutex::new(upstream));
+        let (a, s, h, t) = (
+            Arc::clone(&armed),
+            Arc::clone(&swallowed),
+            Arc::clone(&held),
+            Arc::clone(&target),
+        );
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                let upstream = *t.lock().expect("target");
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
@@ -246,7 +256,13 @@ impl SwallowingProxy {
             armed,
             swallowed,
             held,
+            target,
         }
+    }
+
+    /// New connections go to `upstream` from now on; open ones stay where they are.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        *self.target.lock().expect("target") = upstream;
     }
 
     /// Holds every reply back (commands still reach Redis) until [`Self::release`].
@@ -299,6 +315,7 @@ async fn pipe(
     };
     let downward = async move {
         let mut buf = vec![0u8; 16 * 1024];
+        let mut silent = false;
         loop {
             let n = match server_r.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
@@ -306,6 +323,13 @@ async fn pipe(
             };
             if drop_next.swap(false, Ordering::SeqCst) {
                 swallowed.fetch_add(1, Ordering::SeqCst);
+                // From here on this connection is silent, as when the network goes away
+                // after the command landed: a stream that lost one reply and carried on
+                // with the next is not something TCP does (and replies on a multiplexed
+                // connection are matched by order).
+                silent = true;
+            }
+            if silent {
                 continue;
             }
             if held.wait_for(|held| !*held).await.is_err() {

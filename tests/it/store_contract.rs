@@ -102,7 +102,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
 }
 
 pub async fn redis_store(url: String) -> RedisStore {
-    RedisStore::connect(&RedisTarget::Standalone(url), 4, Duration::from_millis(500))
+    RedisStore::connect(&RedisTarget::Standalone(url), 4, Duration::from_millis(500), "dedup:")
         .await
         .expect("connect to redis")
 }
@@ -126,7 +126,7 @@ async fn redis_cluster_store_keeps_the_contract() {
         .iter()
         .map(|n| format!("redis://127.0.0.1:{}", n.port))
         .collect();
-    let store = RedisStore::connect(&RedisTarget::Cluster(seeds), 4, Duration::from_millis(500))
+    let store = RedisStore::connect(&RedisTarget::Cluster(seeds), 4, Duration::from_millis(500), "dedup:")
         .await
         .expect("connect to cluster");
     // Keys in different slots, so more than one node answers.

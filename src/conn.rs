@@ -1,0 +1,366 @@
+//! One client connection: tells HTTP/1.1 from h2c, serves it, and bounds slow and idle
+//! clients (SPEC `[server]`): a connection that says nothing is closed after
+//! `idle_timeout`; once its first byte is in, a request head must be complete within
+//! `header_timeout` (hyper's header timer on HTTP/1; on h2c, a header block left open
+//! that long closes the connection); an h2c connection carrying no request is closed
+//! after `idle_timeout`. Bodies are bounded by `body_timeout` where they are read
+//! (`handler`), the same way on both protocols.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::framing::FramingGuard;
+use crate::gateway::Gateway;
+use crate::handler;
+use crate::proxy::Peer;
+
+/// How connections are served, shared by every connection task.
+pub struct Protocols {
+    pub h1: http1::Builder,
+    pub h2: http2::Builder<TokioExecutor>,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Cancelled when the listener closes: connections that have not said a word yet
+    /// are dropped rather than served (or waited for) during the drain.
+    pub closing: CancellationToken,
+    /// Cancelled when the drain starts: every connection finishes what it is doing and
+    /// closes (HTTP/1: after the current response; h2c: GOAWAY).
+    pub draining: CancellationToken,
+}
+
+/// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
+pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpStream, addr: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let sniffed = tokio::select! {
+        biased;
+        () = protocols.closing.cancelled() => return,
+        sniffed = sniff(&mut stream, protocols.idle_timeout, protocols.header_timeout) => sniffed,
+    };
+    let Some((prefix, is_h2)) = sniffed else {
+        return; // silent, closed, or too slow to say which protocol: cut off
+    };
+    let peer = Peer { addr };
+    let result = if is_h2 {
+        let activity = Arc::new(Activity::default());
+        let streams = Arc::clone(&activity);
+        let service = service_fn(move |req| {
+            let busy = Busy::new(&streams);
+            let gw = Arc::clone(&gw);
+            async move {
+                let response = handler::handle(gw, peer, req).await;
+                drop(busy);
+                response
+            }
+        });
+        let io = TokioIo::new(HeaderBlockWatch::new(stream, prefix, Arc::clone(&activity)));
+        let conn = protocols.h2.serve_connection(io, service);
+        let watchdog = h2_watchdog(&activity, protocols.header_timeout, protocols.idle_timeout);
+        drive(conn, &protocols.draining, watchdog).await
+    } else {
+        let service = service_fn(move |req| handler::handle(Arc::clone(&gw), peer, req));
+        let io = TokioIo::new(FramingGuard::new(stream, prefix, true));
+        let conn = protocols.h1.serve_connection(io, service);
+        // hyper's own header timer bounds heads and idle keep-alive on HTTP/1.
+        drive(conn, &protocols.draining, std::future::pending()).await
+    };
+    if let Err(e) = result {
+        tracing::debug!(client = %addr, error = %e, "connection ended with an error");
+    }
+}
+
+/// Why a connection is closed by the gateway rather than by its client.
+enum Stop {
+    /// No request for `idle_timeout`: finish politely (GOAWAY).
+    Idle,
+    /// A request head left half-sent for `header_timeout`: drop the connection.
+    Stalled,
+}
+
+/// Runs a connection until it ends, shutting it down gracefully when the drain starts
+/// or it sits idle, and dropping it when it stalls.
+async fn drive<C>(conn: C, draining: &CancellationToken, watchdog: impl Future<Output = Stop>) -> Result<(), C::Error>
+where
+    C: GracefulConnection,
+{
+    tokio::pin!(conn);
+    tokio::pin!(watchdog);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => return result,
+            () = draining.cancelled(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            stop = &mut watchdog, if !closing => match stop {
+                Stop::Idle => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                Stop::Stalled => return Ok(()),
+            },
+        }
+    }
+}
+
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes tell HTTP/2 prior knowledge from HTTP/1 (usually the
+/// second byte). The first byte may take `idle` (a connection that says nothing is
+/// idle); from there, the rest takes at most `header` (it is part of a request head).
+/// Returns what was read and whether it is HTTP/2; `None` if the peer closed or was
+/// too slow.
+async fn sniff(stream: &mut TcpStream, idle: Duration, header: Duration) -> Option<(Bytes, bool)> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut n = match tokio::time::timeout(idle, stream.read(&mut buf)).await {
+        Ok(Ok(read)) if read > 0 => read,
+        _ => return None,
+    };
+    let deadline = Instant::now() + header;
+    loop {
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some((Bytes::copy_from_slice(&buf[..n]), false));
+        }
+        if n == H2_PREFACE.len() {
+            return Some((Bytes::copy_from_slice(&buf), true));
+        }
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf[n..])).await {
+            Ok(Ok(read)) if read > 0 => n += read,
+            _ => return None,
+        }
+    }
+}
+
+/// What an h2c connection is doing, for its watchdog.
+#[derive(Default)]
+struct Activity {
+    /// Requests being handled now.
+    streams: AtomicUsize,
+    /// When a header block was opened and not yet ended (ms since `since`), or 0.
+    open_header_block: AtomicU64,
+    /// Requests handled so far (to tell a busy connection from an idle one).
+    handled: AtomicU64,
+}
+
+/// Counts one request in [`Activity::streams`] while it is handled (dropped with the
+/// handler, also when the client resets the stream).
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(activity: &Arc<Activity>) -> Self {
+        activity.streams.fetch_add(1, Ordering::Relaxed);
+        activity.handled.fetch_add(1, Ordering::Relaxed);
+        Busy(Arc::clone(activity))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Ends when an h2c connection should be closed: a header block open for longer than
+/// `header` (a slowloris on HEADERS/CONTINUATION frames: hyper sees no request until
+/// the block ends), or no request for `idle`.
+async fn h2_watchdog(activity: &Activity, header: Duration, idle: Duration) -> Stop {
+    let started = Instant::now();
+    let tick = (header.min(idle) / 4).max(Duration::from_millis(10));
+    let (mut idle_since, mut handled) = (started, 0);
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = Instant::now();
+        let opened = activity.open_header_block.load(Ordering::Relaxed);
+        if opened != 0 && now.duration_since(started) > Duration::from_millis(opened) + header {
+            return Stop::Stalled;
+        }
+        let seen = activity.handled.load(Ordering::Relaxed);
+        if activity.streams.load(Ordering::Relaxed) > 0 || seen != handled {
+            (idle_since, handled) = (now, seen);
+        } else if now.duration_since(idle_since) >= idle {
+            return Stop::Idle;
+        }
+    }
+}
+
+/// The h2c connection's byte stream, watched by a [`Frames`] tracker. Also hands out
+/// the preface bytes the sniff already read.
+struct HeaderBlockWatch {
+    inner: TcpStream,
+    prefix: Bytes,
+    frames: Frames,
+}
+
+/// Follows an h2c byte stream frame by frame (frame headers only: payloads are skipped
+/// by their length) to see header blocks open and close.
+struct Frames {
+    activity: Arc<Activity>,
+    since: Instant,
+    /// Client preface bytes still to pass, then frame parsing.
+    preface_left: usize,
+    /// The frame header being read (9 bytes) and how much of it is in.
+    frame: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to skip.
+    skip: u64,
+}
+
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+
+impl HeaderBlockWatch {
+    fn new(inner: TcpStream, prefix: Bytes, activity: Arc<Activity>) -> Self {
+        HeaderBlockWatch {
+            inner,
+            prefix,
+            frames: Frames::new(activity),
+        }
+    }
+}
+
+impl Frames {
+    fn new(activity: Arc<Activity>) -> Self {
+        Frames {
+            activity,
+            since: Instant::now(),
+            preface_left: H2_PREFACE.len(),
+            frame: [0; 9],
+            have: 0,
+            skip: 0,
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.preface_left > 0 {
+                let n = self.preface_left.min(bytes.len());
+                (self.preface_left, bytes) = (self.preface_left - n, &bytes[n..]);
+            } else if self.skip > 0 {
+                let n = usize::try_from(self.skip).unwrap_or(usize::MAX).min(bytes.len());
+                (self.skip, bytes) = (self.skip - n as u64, &bytes[n..]);
+            } else {
+                let n = (9 - self.have).min(bytes.len());
+                self.frame[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+                (self.have, bytes) = (self.have + n, &bytes[n..]);
+                if self.have == 9 {
+                    self.have = 0;
+                    self.frame_header();
+                }
+            }
+        }
+    }
+
+    fn frame_header(&mut self) {
+        let [l0, l1, l2, kind, flags, ..] = self.frame;
+        self.skip = u64::from(u32::from_be_bytes([0, l0, l1, l2]));
+        let block = &self.activity.open_header_block;
+        match kind {
+            HEADERS | CONTINUATION if flags & END_HEADERS != 0 => block.store(0, Ordering::Relaxed),
+            HEADERS if block.load(Ordering::Relaxed) == 0 => {
+                let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+                block.store(ms.max(1), Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl AsyncRead for HeaderBlockWatch {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.prefix.has_remaining() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            let prefix = this.prefix.split_to(n);
+            this.frames.feed(&prefix);
+            return Poll::Ready(Ok(()));
+        }
+        let start = buf.filled().len();
+        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = poll {
+            this.frames.feed(&buf.filled()[start..]);
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for HeaderBlockWatch {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let len = (payload.len() as u32).to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 1];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[tokio::test]
+    async fn header_blocks_open_and_close_whatever_the_read_boundaries() {
+        let mut stream = H2_PREFACE.to_vec();
+        stream.extend(frame(0x4, 0, &[0; 6])); // SETTINGS
+        let opened_at = stream.len() + 9; // once the HEADERS frame header is in
+        stream.extend(frame(HEADERS, 0, &[1, 2, 3])); // opens a block
+        stream.extend(frame(CONTINUATION, 0, &[4]));
+        let closed_at = stream.len() + 9;
+        stream.extend(frame(CONTINUATION, END_HEADERS, &[5])); // ends it
+        stream.extend(frame(0x0, 0x1, b"body")); // DATA
+        stream.extend(frame(HEADERS, END_HEADERS | 0x1, &[6])); // a whole block at once
+        for split in 1..=stream.len() {
+            let mut frames = Frames::new(Arc::new(Activity::default()));
+            for (n, chunk) in stream.chunks(split).enumerate() {
+                frames.feed(chunk);
+                let at = (n * split + chunk.len()).min(stream.len());
+                let open = frames.activity.open_header_block.load(Ordering::Relaxed) != 0;
+                assert_eq!(
+                    open,
+                    at >= opened_at && at < closed_at,
+                    "split {split}, after {at} bytes"
+                );
+            }
+        }
+    }
+}

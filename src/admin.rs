@@ -53,10 +53,13 @@ async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         ("/readyz", true) if gw.is_ready() => text(StatusCode::OK, "ready\n"),
         ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", true) => {
+            gw.metrics.set_ready(gw.is_ready());
             let mut response = Response::new(Body::full(gw.metrics.render(gw.store.entries(), gw.store.bytes())));
+            // The body is OpenMetrics text; labelled as the classic format, Prometheus
+            // would parse it with the wrong parser and reject the whole scrape.
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
             );
             response
         }

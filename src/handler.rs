@@ -28,6 +28,7 @@ pub async fn handle(gw: Arc<Gateway>, peer: Peer, req: Request<Incoming>) -> Res
         return Ok(not_found());
     };
     let started = Instant::now();
+    let _in_flight = route.metrics.in_flight();
     let method = req.method().clone();
     let (key, result) = if is_deduped(&method) {
         keyed(&gw, &route, peer, req).await

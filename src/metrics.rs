@@ -42,6 +42,33 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// How a background release of a claim that may have landed ended
+/// (`dedup_orphan_releases_total{result}`; see `dedup::release_orphan`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrphanRelease {
+    /// The claim had landed and was deleted: the sender's retry goes through at once.
+    Released,
+    /// Nothing of ours was there (the claim never landed, or had expired).
+    NotFound,
+    /// The store did not answer before `processing_ttl` ran out; the marker expires.
+    GaveUp,
+    /// Too many releases were already running; the marker expires after `processing_ttl`.
+    Skipped,
+}
+
+impl OrphanRelease {
+    const ALL: [OrphanRelease; 4] = [Self::Released, Self::NotFound, Self::GaveUp, Self::Skipped];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::NotFound => "not_found",
+            Self::GaveUp => "gave_up",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
 /// How the upstream answered a forwarded request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpstreamClass {
@@ -139,6 +166,9 @@ pub struct Metrics {
     store_entries: Gauge<i64, AtomicI64>,
     store_bytes: Gauge<i64, AtomicI64>,
     config_reloads: Family<ResultLabels, Counter>,
+    in_flight: Family<RouteLabels, Gauge>,
+    orphan_releases: [Counter; OrphanRelease::ALL.len()],
+    ready: Gauge,
 }
 
 impl Metrics {
@@ -199,6 +229,26 @@ impl Metrics {
             "Configuration reloads on SIGHUP, by result",
             config_reloads.clone(),
         );
+        let in_flight = Family::<RouteLabels, Gauge>::default();
+        registry.register(
+            "dedup_in_flight",
+            "Requests on a route being handled right now (received, not yet answered)",
+            in_flight.clone(),
+        );
+        let orphans = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "dedup_orphan_releases",
+            "Background releases of claims whose replies were lost, by how they ended",
+            orphans.clone(),
+        );
+        let orphan_releases =
+            OrphanRelease::ALL.map(|r| orphans.get_or_create(&ResultLabels { result: r.label() }).clone());
+        let ready = Gauge::default();
+        registry.register(
+            "dedup_ready",
+            "1 while /readyz answers 200 (store answering, not draining), else 0",
+            ready.clone(),
+        );
         registry.register(
             "dedup_build",
             "Build information",
@@ -214,6 +264,9 @@ impl Metrics {
             store_entries,
             store_bytes,
             config_reloads,
+            in_flight,
+            orphan_releases,
+            ready,
         }
     }
 
@@ -259,6 +312,7 @@ impl Metrics {
             classes: UpstreamClass::ALL.map(class),
             upstream_duration: self.upstream_duration.get_or_create(&labels).clone(),
             duplicate_age: self.duplicate_age.get_or_create(&labels).clone(),
+            in_flight: self.in_flight.get_or_create(&labels).clone(),
         }
     }
 
@@ -275,7 +329,18 @@ impl Metrics {
         self.config_reloads.get_or_create(&ResultLabels { result }).inc();
     }
 
-    /// Renders the Prometheus text exposition, refreshing sampled gauges first.
+    /// Sets `dedup_ready` (sampled when scraped, like `dedup_store_entries`).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    pub fn orphan_release(&self, how: OrphanRelease) {
+        self.orphan_releases[how as usize].inc();
+    }
+
+    /// Renders the exposition, refreshing sampled gauges first. The format is
+    /// OpenMetrics text (it ends in `# EOF` and has an `info` type): serve it as
+    /// [`CONTENT_TYPE`], or Prometheus rejects the whole scrape.
     pub fn render(&self, store_entries: Option<usize>, store_bytes: Option<u64>) -> String {
         if let Some(n) = store_entries {
             self.store_entries.set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -296,6 +361,9 @@ impl Default for Metrics {
     }
 }
 
+/// The `Content-Type` of what [`Metrics::render`] writes (OpenMetrics text 1.0.0).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// One route's counters, resolved when the route is built.
 #[derive(Clone)]
 pub struct RouteMetrics {
@@ -303,6 +371,16 @@ pub struct RouteMetrics {
     classes: [Counter; UpstreamClass::ALL.len()],
     upstream_duration: Histogram,
     duplicate_age: Histogram,
+    in_flight: Gauge,
+}
+
+/// Counts one request in `dedup_in_flight{route}` until dropped.
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl RouteMetrics {
@@ -317,5 +395,11 @@ impl RouteMetrics {
 
     pub fn duplicate_age(&self, age: Duration) {
         self.duplicate_age.observe(age.as_secs_f64());
+    }
+
+    /// Counts a request as in flight on this route until the guard is dropped.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
     }
 }

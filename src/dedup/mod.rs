@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::body::Body;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::metrics::{StoreOp, UpstreamClass};
+use crate::metrics::{OrphanRelease, StoreOp, UpstreamClass};
 use crate::outcome::Outcome;
 use crate::proxy::{self, Peer, UpstreamError};
 use crate::routing::Route;
@@ -197,22 +197,27 @@ async fn timed<T>(
 fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration) {
     if gw.orphan_releases.fetch_add(1, Ordering::Relaxed) >= MAX_ORPHAN_RELEASES {
         gw.orphan_releases.fetch_sub(1, Ordering::Relaxed);
+        gw.metrics.orphan_release(OrphanRelease::Skipped);
         return;
     }
     let gw = Arc::clone(gw);
     tokio::spawn(async move {
         let deadline = Instant::now() + ttl;
         let mut pause = Duration::from_millis(100);
+        let mut how = OrphanRelease::GaveUp;
         while Instant::now() < deadline {
-            if timed(&gw, StoreOp::Release, gw.store.release(&key, token))
-                .await
-                .is_ok()
-            {
+            if let Ok(released) = timed(&gw, StoreOp::Release, gw.store.release(&key, token)).await {
+                how = if released {
+                    OrphanRelease::Released
+                } else {
+                    OrphanRelease::NotFound
+                };
                 break;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
+        gw.metrics.orphan_release(how);
         gw.orphan_releases.fetch_sub(1, Ordering::Relaxed);
     });
 }

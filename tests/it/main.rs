@@ -5,6 +5,7 @@ mod dedup;
 mod edges;
 mod ops;
 mod process;
+mod prometheus;
 mod proxy;
 mod redis;
 mod senders;

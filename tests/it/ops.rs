@@ -11,12 +11,13 @@ use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, metric_val
 async fn scrape(admin: &Client) -> String {
     let r = admin.send(Method::GET, "/metrics", &[], "").await;
     assert_eq!(r.status, 200);
-    assert!(
-        r.headers["content-type"]
-            .to_str()
-            .expect("ascii")
-            .starts_with("text/plain")
+    // OpenMetrics text (`# EOF`, an `info` type), labelled as such: a stock Prometheus
+    // parses the body by this header and rejects the whole scrape on a mismatch.
+    assert_eq!(
+        r.headers["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
+    assert!(r.body.ends_with("# EOF\n"), "{}", r.body);
     r.body
 }
 
@@ -48,6 +49,7 @@ async fn metrics_count_what_was_sent_by_outcome_with_bounded_labels() {
     let c = client.clone();
     let slow = tokio::spawn(async move { c.post("/hook", &msg("slow")).await });
     upstream.wait_for(4).await;
+    assert_eq!(gw.metric(r#"dedup_in_flight{route="bot"}"#), 1.0, "the slow one");
     assert_eq!(client.post("/hook", &msg("slow")).await.dedup(), "in-flight");
     gate.open(1);
     assert_eq!(slow.await.expect("slow").dedup(), "forwarded");
@@ -98,6 +100,12 @@ async fn metrics_count_what_was_sent_by_outcome_with_bounded_labels() {
     );
     assert_eq!(metric_value(&text, r#"dedup_store_errors_total{op="claim"}"#), 0.0);
     assert_eq!(metric_value(&text, "dedup_store_entries"), 4.0);
+    assert_eq!(metric_value(&text, r#"dedup_in_flight{route="bot"}"#), 0.0);
+    assert_eq!(metric_value(&text, "dedup_ready"), 1.0);
+    for result in ["released", "not_found", "gave_up", "skipped"] {
+        let series = format!("dedup_orphan_releases_total{{result=\"{result}\"}}");
+        assert_eq!(metric_value(&text, &series), 0.0);
+    }
     let version = format!("dedup_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"));
     assert_eq!(metric_value(&text, &version), 1.0);
     // Sub-millisecond buckets for store calls.

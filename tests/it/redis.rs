@@ -571,6 +571,10 @@ async fn a_claim_that_may_have_landed_is_released_so_the_retry_does_not_wait_for
         }
     })
     .await;
+    crate::support::eventually("the release to be counted", || {
+        gw.metric(r#"dedup_orphan_releases_total{result="released"}"#) == 1.0
+    })
+    .await;
     let retry = client.post("/hook", &msg("orphan")).await;
     assert_eq!((retry.status.as_u16(), retry.dedup()), (200, "forwarded"));
     assert_eq!(upstream.count(), 1);

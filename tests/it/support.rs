@@ -422,6 +422,24 @@ impl Client {
         self.send(Method::POST, path, &[], body).await
     }
 
+    /// A GET that reports a connection failure as `None` (for polling a server that
+    /// is still starting).
+    pub async fn try_send(&self, method: Method, path: &str) -> Option<Resp> {
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.base))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let (head, body) = self.inner.request(req).await.ok()?.into_parts();
+        let body = body.collect().await.ok()?.to_bytes();
+        Some(Resp {
+            status: head.status,
+            headers: head.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            bytes: body,
+        })
+    }
+
     pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)], body: &str) -> Resp {
         let mut req = Request::builder()
             .method(method)

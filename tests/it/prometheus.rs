@@ -1,0 +1,311 @@
+//! A real Prometheus (Debian's `prometheus` package) scraping a real gateway: the
+//! exposition must be accepted as served (`up == 1`), the counters must equal the
+//! traffic sent, the shipped alert rules must load and evaluate, and every query of
+//! the shipped Grafana dashboard must return data. A missing `prometheus` binary fails
+//! with the install command; it never skips.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use http::Method;
+use serde_json::Value;
+
+use crate::process::TempFile;
+use crate::servers::free_port;
+use crate::support::{Cfg, Client, PATIENCE, TestGateway, Upstream, msg};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// One `prometheus` server on a free port, scraping `targets` every 250 ms.
+pub struct Prometheus {
+    child: Child,
+    pub client: Client,
+    _dir: TempFile,
+}
+
+impl Prometheus {
+    pub async fn start(targets: &[SocketAddr]) -> Self {
+        let found = Command::new("prometheus").arg("--version").output().is_ok();
+        assert!(
+            found,
+            "prometheus not found: the scrape tests need a real Prometheus. Install it with \
+             `sudo apt-get install -y --no-install-recommends prometheus` (or run .ci/test, which does)"
+        );
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = format!(
+            "global:\n  scrape_interval: 250ms\n  scrape_timeout: 250ms\n  evaluation_interval: 250ms\n\
+             rule_files:\n  - {ROOT}/deploy/prometheus/alerts.yml\n\
+             scrape_configs:\n  - job_name: dedup-gateway\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        );
+        let dir = TempFile::new("prometheus.yml", &config);
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new("prometheus")
+                .arg(format!("--config.file={}", dir.0.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.0.with_file_name("data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .arg("--log.level=warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn prometheus");
+            let client = Client::http1(SocketAddr::from(([127, 0, 0, 1], port)));
+            if ready(&mut child, &client).await {
+                return Prometheus {
+                    child,
+                    client,
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("prometheus did not start");
+    }
+
+    /// An instant query through the HTTP API: each series' labels and value.
+    pub async fn query(&self, promql: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        let path = format!(
+            "/api/v1/query?{}",
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair("query", promql)
+                .finish()
+        );
+        let r = self.client.send(Method::GET, &path, &[], "").await;
+        let body: Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body));
+        assert_eq!(body["status"], "success", "query {promql} failed: {}", r.body);
+        body["data"]["result"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{promql}: not a vector: {}", r.body))
+            .iter()
+            .map(|s| {
+                let labels = s["metric"]
+                    .as_object()
+                    .expect("labels")
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect();
+                let value = s["value"][1].as_str().expect("value").parse().expect("number");
+                (labels, value)
+            })
+            .collect()
+    }
+
+    /// Polls `promql` until `done` accepts its result (bounded by [`PATIENCE`]); on
+    /// timeout, fails with the last result seen.
+    pub async fn until(
+        &self,
+        promql: &str,
+        mut done: impl FnMut(&[(BTreeMap<String, String>, f64)]) -> bool,
+    ) -> Vec<(BTreeMap<String, String>, f64)> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let result = self.query(promql).await;
+            if done(&result) {
+                return result;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let targets = self.client.send(Method::GET, "/api/v1/targets", &[], "").await;
+                panic!(
+                    "{promql}: still {result:?} after {PATIENCE:?}\nscrape targets: {}",
+                    targets.body
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Aborts a background task when the test ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits for `/-/ready`; false if the process exited first (its port was taken).
+async fn ready(child: &mut Child, client: &Client) -> bool {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while tokio::time::Instant::now() < deadline {
+        if child.try_wait().expect("try_wait").is_some() {
+            return false;
+        }
+        let probe = tokio::time::timeout(Duration::from_millis(500), client.try_send(Method::GET, "/-/ready"));
+        if let Ok(Some(r)) = probe.await
+            && r.status == 200
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gateway that has served known traffic: 3 forwarded, 2 duplicates, 1 without a
+/// key, 1 bypass (a GET). Returns the expected `dedup_requests_total` by outcome.
+async fn gateway_with_traffic(upstream: &Upstream) -> (TestGateway, BTreeMap<String, f64>) {
+    let gw = TestGateway::start(&Cfg::new(), upstream).await;
+    let client = gw.client();
+    for id in ["p1", "p2", "p3"] {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "forwarded");
+    }
+    for id in ["p1", "p2"] {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "duplicate");
+    }
+    assert_eq!(client.post("/hook", "{}").await.dedup(), "no-key");
+    assert_eq!(client.send(Method::GET, "/hook", &[], "").await.dedup(), "bypass");
+    let mut expected: BTreeMap<String, f64> = dedup_gateway::outcome::Outcome::ALL
+        .iter()
+        .map(|o| (o.label().to_owned(), 0.0))
+        .collect();
+    for (outcome, n) in [("forwarded", 3.0), ("duplicate", 2.0), ("no_key", 1.0), ("bypass", 1.0)] {
+        expected.insert(outcome.to_owned(), n);
+    }
+    (gw, expected)
+}
+
+fn by_outcome(result: &[(BTreeMap<String, String>, f64)]) -> BTreeMap<String, f64> {
+    result.iter().map(|(l, v)| (l["outcome"].clone(), *v)).collect()
+}
+
+#[tokio::test]
+async fn a_real_prometheus_scrapes_the_gateway_and_counts_what_was_sent() {
+    let upstream = Upstream::ok().await;
+    let (gw, expected) = gateway_with_traffic(&upstream).await;
+    let prometheus = Prometheus::start(&[gw.admin.expect("admin")]).await;
+
+    // The scrape is accepted: a target whose exposition Prometheus cannot parse is up == 0.
+    prometheus
+        .until(r#"up{job="dedup-gateway"}"#, |r| r.len() == 1 && r[0].1 == 1.0)
+        .await;
+    let counted = prometheus
+        .until(r#"dedup_requests_total{route="bot"}"#, |r| by_outcome(r) == expected)
+        .await;
+    assert_eq!(by_outcome(&counted), expected);
+
+    // More traffic shows up in the next scrapes, exactly.
+    let client = gw.client();
+    assert_eq!(client.post("/hook", &msg("p4")).await.dedup(), "forwarded");
+    assert_eq!(client.post("/hook", &msg("p4")).await.dedup(), "duplicate");
+    prometheus
+        .until(
+            r#"dedup_requests_total{route="bot",outcome=~"forwarded|duplicate"}"#,
+            |r| by_outcome(r) == BTreeMap::from([("duplicate".to_owned(), 3.0), ("forwarded".to_owned(), 4.0)]),
+        )
+        .await;
+    let upstream_2xx = prometheus
+        .until(r#"dedup_upstream_responses_total{route="bot",class="2xx"}"#, |r| {
+            r.first().is_some_and(|s| s.1 == 6.0)
+        })
+        .await;
+    assert_eq!(
+        upstream_2xx.len(),
+        1,
+        "4 forwarded + 1 no-key + 1 bypass reached the bot"
+    );
+    let info = prometheus.query("dedup_build_info").await;
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0].0["version"], env!("CARGO_PKG_VERSION"));
+    let ready = prometheus.until("dedup_ready", |r| r.len() == 1).await;
+    assert_eq!(ready[0].1, 1.0);
+}
+
+#[tokio::test]
+async fn every_dashboard_query_returns_data_and_the_alert_rules_evaluate() {
+    let upstream = Upstream::ok().await;
+    let (gw, _) = gateway_with_traffic(&upstream).await;
+    let prometheus = Prometheus::start(&[gw.admin.expect("admin")]).await;
+    prometheus
+        .until(r#"dedup_requests_total{route="bot",outcome="duplicate"}"#, |r| {
+            r.first().is_some_and(|s| s.1 == 2.0)
+        })
+        .await;
+    // Traffic all along (bounded: at most 600 pairs, 10 a second), so every rate
+    // window holds some; stopped when the test ends.
+    let client = gw.client();
+    let traffic = tokio::spawn(async move {
+        for i in 0..600 {
+            let id = format!("late{i}");
+            assert_eq!(client.post("/hook", &msg(&id)).await.dedup(), "forwarded");
+            assert_eq!(client.post("/hook", &msg(&id)).await.dedup(), "duplicate");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let _stop = AbortOnDrop(traffic);
+
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/grafana/dedup-gateway.json")).expect("dashboard"),
+    )
+    .expect("dashboard JSON");
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            // Grafana's variables: every route, and a rate window that spans scrapes.
+            let promql = expr.replace("$__rate_interval", "10s").replace("$route", ".*");
+            assert!(!promql.contains('$'), "unsubstituted variable in {expr}");
+            let title = panel["title"].as_str().unwrap_or_default();
+            // A quantile of an operation that had no calls in the window is NaN (a gap
+            // in the panel); at least one series must carry a number.
+            let result = prometheus
+                .until(&promql, |r| r.iter().any(|(_, v)| v.is_finite()))
+                .await;
+            assert!(!result.is_empty(), "panel {title:?}: {promql}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "only {checked} queries in the dashboard");
+
+    // The route variable's own query.
+    let routes = prometheus.query("group by (route) (dedup_requests_total)").await;
+    assert_eq!(routes.len(), 1);
+
+    // The shipped alert rules load into a real Prometheus and evaluate without errors.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let r = prometheus.client.send(Method::GET, "/api/v1/rules", &[], "").await;
+        let body: Value = serde_json::from_str(&r.body).expect("rules JSON");
+        let rules: Vec<&Value> = body["data"]["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .flat_map(|g| g["rules"].as_array().expect("rules"))
+            .collect();
+        assert_eq!(rules.len(), 8, "{}", r.body);
+        let evaluated = rules.iter().all(|r| r["health"] == "ok");
+        if evaluated {
+            break;
+        }
+        assert!(
+            rules.iter().all(|r| r["health"] != "err"),
+            "a rule failed to evaluate: {}",
+            r.body
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rules not evaluated: {}",
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // With a ready gateway scraped, neither of these fires.
+    let firing = prometheus
+        .query("ALERTS{alertname=~\"DedupGatewayAbsent|DedupGatewayNotReady\"}")
+        .await;
+    assert!(firing.is_empty(), "{firing:?}");
+}

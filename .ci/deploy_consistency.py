@@ -203,6 +203,10 @@ def main(argv):
             env_from = [s["secretRef"]["name"] for s in c.get("envFrom", []) if "secretRef" in s]
             for s in env_from:
                 env_names |= set(secrets.get(s, {}).get("stringData", {})) | set(secrets.get(s, {}).get("data", {}))
+            for path, var in (("store.url_env", store.get("url_env")),
+                              ("server.admin_token_env", server.get("admin_token_env"))):
+                if var and var not in env_names and not (set(env_from) & external):
+                    err(f"{cn}: {path} = {var!r} is not in the container's environment")
             routes = cfg.get("routes", [])
             for i, route in enumerate(routes):
                 for k in ("secret_env", "aes_key_env"):

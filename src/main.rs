@@ -88,8 +88,10 @@ fn init_logging(format: LogFormat, level: Option<&str>) {
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
+    // Colours only for a terminal: a log file or collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.with_target(false).init(),
@@ -113,6 +115,15 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let stop = Stop::listen().context("cannot listen for SIGTERM/SIGINT")?;
+        if let Backend::Redis { target, .. } = &config.store.backend
+            && target.skips_tls_verification()
+        {
+            tracing::warn!(
+                store = %target,
+                "store.tls_skip_verify = true: TLS CERTIFICATE CHECKS ARE OFF for the store; anyone on the \
+                 network path can read and forge markers. For tests only."
+            );
+        }
         let store = dedup_gateway::store::connect(&config.store).await.context("store")?;
         let listeners = Listeners::bind(&config.server)
             .await
@@ -153,7 +164,10 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         Backend::Memory { max_entries, max_bytes } => {
             format!("memory (max_entries {max_entries}, max_bytes {max_bytes})")
         }
-        Backend::Redis { target, pool_size } => format!("redis {target:?} (pool_size {pool_size})"),
+        Backend::Redis { target, pool_size } if target.skips_tls_verification() => {
+            format!("redis {target} (pool_size {pool_size}), TLS CERTIFICATE CHECKS OFF (tls_skip_verify)")
+        }
+        Backend::Redis { target, pool_size } => format!("redis {target} (pool_size {pool_size})"),
     };
     println!(
         "store: {backend}, timeout {}, key_prefix {:?}, on_error {}",

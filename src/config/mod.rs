@@ -6,6 +6,7 @@
 
 pub mod read;
 mod route;
+pub mod secret;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -64,11 +65,46 @@ pub enum Backend {
     Redis { target: RedisTarget, pool_size: usize },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where the Redis store is. The URLs may hold a password: `Debug` and `Display`
+/// show them redacted.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     Standalone(String),
     Cluster(Vec<String>),
 }
+
+impl RedisTarget {
+    fn all(&self) -> &[String] {
+        match self {
+            RedisTarget::Standalone(url) => std::slice::from_ref(url),
+            RedisTarget::Cluster(seeds) => seeds,
+        }
+    }
+
+    /// Whether TLS certificates go unchecked (`store.tls_skip_verify`).
+    pub fn skips_tls_verification(&self) -> bool {
+        self.all().iter().any(|u| u.ends_with(INSECURE))
+    }
+}
+
+impl std::fmt::Display for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let shown: Vec<String> = self.all().iter().map(|u| secret::redact_url(u)).collect();
+        match self {
+            RedisTarget::Standalone(_) => f.write_str(&shown.join("")),
+            RedisTarget::Cluster(_) => write!(f, "cluster [{}]", shown.join(", ")),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "RedisTarget({self})")
+    }
+}
+
+/// What redis-rs reads from a `rediss://` URL as "skip certificate checks".
+const INSECURE: &str = "#insecure";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -183,7 +219,14 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
     let backend_name = s.string("backend", problems).unwrap_or("memory");
     let max_entries = s.integer("max_entries", u64::from(u32::MAX), problems);
     let max_bytes = s.size("max_bytes", problems);
-    let url = s.string("url", problems);
+    let url = url_setting(&mut s, problems);
+    let tls_skip_verify = s.boolean("tls_skip_verify", problems).unwrap_or(false);
+    if tls_skip_verify && !cfg!(feature = "insecure-tls") {
+        problems.push(
+            s.path_of("tls_skip_verify"),
+            "this build cannot skip TLS certificate checks (build with `--features insecure-tls`; tests only)",
+        );
+    }
     let cluster = s.strings("cluster", problems);
     let pool_size = s.integer("pool_size", 4096, problems);
     let timeout = s.duration("timeout", problems).unwrap_or(Duration::from_millis(250));
@@ -198,7 +241,9 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
     let backend = match backend_name {
         "memory" => {
             for (key, set) in [
-                ("url", url.is_some()),
+                ("url", s.has("url")),
+                ("url_env", s.has("url_env")),
+                ("tls_skip_verify", s.has("tls_skip_verify")),
                 ("cluster", cluster.is_some()),
                 ("pool_size", pool_size.is_some()),
             ] {
@@ -234,10 +279,12 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                 }
             }
             let target = match (url, cluster) {
-                (Some(url), None) => redis_url(&s.path_of("url"), url, problems).map(RedisTarget::Standalone),
+                (Some((path, url)), None) => {
+                    redis_url(&path, &url, tls_skip_verify, problems).map(RedisTarget::Standalone)
+                }
                 (None, Some(seeds)) if !seeds.is_empty() => seeds
                     .into_iter()
-                    .map(|(path, url)| redis_url(&path, url, problems))
+                    .map(|(path, url)| redis_url(&path, url, tls_skip_verify, problems))
                     .collect::<Option<Vec<_>>>()
                     .map(RedisTarget::Cluster),
                 (None, _) => {
@@ -282,11 +329,48 @@ pub const DEFAULT_POOL_SIZE: u64 = 4;
 /// The smallest `max_bytes` accepted: a bound that holds almost nothing is a mistake.
 const MIN_MAX_BYTES: u64 = 64 << 10;
 
-fn redis_url(path: &str, url: &str, problems: &mut Problems) -> Option<String> {
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        Some(url.to_owned())
+/// `store.url`, or the environment variable `store.url_env` names (so the password
+/// can come from a Secret), with the key path to report problems at.
+fn url_setting(s: &mut Section, problems: &mut Problems) -> Option<(String, String)> {
+    let url = s.string("url", problems);
+    let from_env = secret::from_env(s, "url_env", problems);
+    match (url, from_env) {
+        (Some(_), Some(_)) => {
+            problems.push(s.path_of("url_env"), "set either url or url_env, not both");
+            None
+        }
+        (Some(url), None) => Some((s.path_of("url"), url.to_owned())),
+        (None, Some((name, value))) => Some((format!("{} (${name})", s.path_of("url_env")), value.expose().to_owned())),
+        (None, None) => None,
+    }
+}
+
+/// Checks a Redis URL. Problems show it redacted: it may hold the password.
+fn redis_url(path: &str, url: &str, tls_skip_verify: bool, problems: &mut Problems) -> Option<String> {
+    let shown = secret::redact_url(url);
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        problems.push(path, format!("{shown:?} must start with redis:// or rediss://"));
+        return None;
+    }
+    if url.contains('#') {
+        problems.push(
+            path,
+            format!(
+                "{shown:?}: no #fragment; to skip TLS certificate checks (tests only) set store.tls_skip_verify = true"
+            ),
+        );
+        return None;
+    }
+    if !tls_skip_verify {
+        return Some(url.to_owned());
+    }
+    if url.starts_with("rediss://") {
+        Some(format!("{url}{INSECURE}"))
     } else {
-        problems.push(path, format!("{url:?} must start with redis:// or rediss://"));
+        problems.push(
+            path,
+            format!("{shown:?}: store.tls_skip_verify only applies to rediss:// URLs"),
+        );
         None
     }
 }

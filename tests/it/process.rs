@@ -225,10 +225,18 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     pub async fn start(toml: &str) -> Self {
+        Self::start_with(toml, &[], &[]).await
+    }
+
+    /// Starts with extra arguments (e.g. `--log-level debug`) and environment variables.
+    pub async fn start_with(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let config = TempFile::new("gateway.toml", toml);
         let mut child = Command::new(BIN)
-            .args(["--log-format", "json", "--config"])
+            .args(["--log-format", "json"])
+            .args(args)
+            .arg("--config")
             .arg(&config.0)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

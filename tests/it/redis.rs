@@ -501,58 +501,6 @@ async fn the_sender_gets_the_bots_answer_even_when_completing_fails() {
 }
 
 #[tokio::test]
-async fn rediss_urls_speak_tls() {
-    let tmp = crate::process::TempFile::new("tls.marker", "");
-    let dir = tmp.0.parent().expect("dir");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-        ])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl (Debian package openssl)");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let tls_port = crate::servers::free_port().to_string();
-    let (cert, key) = (cert.to_str().expect("path"), key.to_str().expect("path"));
-    let server = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        cert,
-        "--tls-key-file",
-        key,
-        "--tls-ca-cert-file",
-        cert,
-        "--tls-auth-clients",
-        "no",
-    ])
-    .await;
-    let upstream = Upstream::ok().await;
-    // The certificate is self-signed: `#insecure` skips verification (for tests only).
-    let url = format!("rediss://127.0.0.1:{tls_port}/0#insecure");
-    let gw = TestGateway::start(&redis_cfg(&url), &upstream).await;
-    assert_eq!(gw.client().post("/hook", &msg("tls")).await.dedup(), "forwarded");
-    assert_eq!(gw.client().post("/hook", &msg("tls")).await.dedup(), "duplicate");
-    assert!(
-        server
-            .cli(&["GET", "dedup:bot:tls"])
-            .contains("\"state\":\"completed\"")
-    );
-}
-
-#[tokio::test]
 async fn a_claim_that_may_have_landed_is_released_so_the_retry_does_not_wait_for_its_ttl() {
     let server = RedisServer::start().await;
     let proxy = SwallowingProxy::start(server.addr()).await;

@@ -177,6 +177,13 @@ gateway.toml from .Values.config: top-level values, then tables ([server], [stor
 {{- if and .Values.serviceMonitor.enabled (not .Values.adminService.enabled) -}}
 {{- fail "serviceMonitor.enabled needs adminService.enabled" -}}
 {{- end -}}
+{{- $urlEnv := toString ((.Values.config.store | default dict).url_env | default "") -}}
+{{- if and (not .Values.existingConfigMap) $urlEnv .Values.secret.create (not (hasKey .Values.secret.stringData $urlEnv)) -}}
+{{- fail (printf "config.store.url_env = %s: secret.stringData has no %s (or use existingSecret)" $urlEnv $urlEnv) -}}
+{{- end -}}
+{{- if and (not .Values.existingConfigMap) $urlEnv (not .Values.secret.create) (not .Values.existingSecret) -}}
+{{- fail (printf "config.store.url_env = %s needs a Secret with that key: secret.create or existingSecret" $urlEnv) -}}
+{{- end -}}
 {{- if and .Values.secret.create .Values.existingSecret -}}
 {{- fail "set either secret.create or existingSecret, not both" -}}
 {{- end -}}

@@ -1,0 +1,98 @@
+//! Secrets in the configuration: values read from the environment (`*_env` keys), and
+//! the redaction that keeps them out of `check` output, logs and error messages.
+
+use std::fmt;
+
+use super::read::{Problems, Section};
+
+/// A secret value: its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Reads the environment variable named by `key` (e.g. `url_env = "REDIS_URL"`).
+/// An unset or empty variable is a problem at `key`'s path.
+pub fn from_env(s: &mut Section, key: &'static str, problems: &mut Problems) -> Option<(String, Secret)> {
+    let name = s.string(key, problems)?;
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => Some((name.to_owned(), Secret::new(value))),
+        Ok(_) => {
+            problems.push(s.path_of(key), format!("environment variable {name} is empty"));
+            None
+        }
+        Err(_) => {
+            problems.push(s.path_of(key), format!("environment variable {name} is not set"));
+            None
+        }
+    }
+}
+
+/// A URL with the password (the whole user-info part, unless it is `user:password`,
+/// then the user stays) replaced by `***`: what logs, `check` and errors show.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        // Not a URL we understand: show nothing that could be a password.
+        return if url.contains('@') {
+            "***".to_owned()
+        } else {
+            url.to_owned()
+        };
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let shown = match userinfo.split_once(':') {
+                Some((user, _)) if !user.is_empty() => format!("{user}:***"),
+                _ => "***".to_owned(),
+            };
+            format!("{}{shown}@{}", &url[..scheme_end], &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_and_the_rest_is_kept() {
+        for (url, shown) in [
+            ("redis://:s3cret@redis:6379/0", "redis://***@redis:6379/0"),
+            (
+                "rediss://default:s3cret@redis:6380/1",
+                "rediss://default:***@redis:6380/1",
+            ),
+            ("redis://s3cret@redis", "redis://***@redis"),
+            ("redis://:p@ss:w@rd@redis:6379", "redis://***@redis:6379"),
+            ("redis://redis:6379/0", "redis://redis:6379/0"),
+            ("redis://redis:6379/0#insecure", "redis://redis:6379/0#insecure"),
+            ("not a url :s3cret@x", "***"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn secrets_do_not_debug_print() {
+        assert_eq!(format!("{:?}", Secret::new("s3cret")), "Secret(***)");
+    }
+}

@@ -1,0 +1,120 @@
+//! Secrets stay secret: a Redis URL with a password, read from the environment
+//! (`url_env`), never shows up in `check` output, in the logs (at debug level), or in
+//! the message of a start-up that fails. (The Helm chart's NOTES.txt is grepped the
+//! same way by .ci/validate-deploy, which has helm.)
+
+use std::process::{Command, Output};
+
+use crate::process::{GatewayProcess, TempFile};
+use crate::servers::RedisServer;
+use crate::support::{Cfg, Client, Upstream, msg};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
+const PASSWORD: &str = "s3cr3t-Pa55w0rd";
+const ENV: &str = "DEDUP_TEST_REDIS_URL";
+
+fn url_env_cfg() -> Cfg {
+    Cfg::new()
+        .store("backend = \"redis\"")
+        .store(&format!("url_env = \"{ENV}\""))
+}
+
+/// Runs the binary with `args`, the config file and `REDIS_URL`-like `url` in the environment.
+fn run(args: &[&str], config: &TempFile, url: Option<&str>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).arg("--config").arg(&config.0).env_remove(ENV);
+    if let Some(url) = url {
+        cmd.env(ENV, url);
+    }
+    cmd.output().expect("run dedup-gateway")
+}
+
+fn all_output(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn assert_no_password(what: &str, text: &str) {
+    assert!(!text.contains(PASSWORD), "the password leaked into {what}:\n{text}");
+}
+
+#[tokio::test]
+async fn a_redis_password_never_shows_in_check_logs_or_errors() {
+    let server = RedisServer::start().await;
+    server.cli(&["CONFIG", "SET", "requirepass", PASSWORD]);
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}/0", server.port);
+    let upstream = Upstream::ok().await;
+    let toml = url_env_cfg().toml(&upstream.url());
+    let config = TempFile::new("gateway.toml", &toml);
+
+    // check: validates and prints the store, redacted.
+    let out = run(&["check"], &config, Some(&url));
+    let text = all_output(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("store: redis redis://***@127.0.0.1:{}/0", server.port)),
+        "{text}"
+    );
+    assert_no_password("check", &text);
+
+    // The variable unset: a config error naming the key, exit 1 before anything listens.
+    let out = run(&["check"], &config, None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        all_output(&out).contains(&format!("store.url_env: environment variable {ENV} is not set")),
+        "{}",
+        all_output(&out)
+    );
+
+    // A URL with the wrong scheme is reported redacted.
+    let out = run(&["check"], &config, Some(&format!("http://:{PASSWORD}@127.0.0.1:1/0")));
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text.contains("\"http://***@127.0.0.1:1/0\" must start with redis://"),
+        "{text}"
+    );
+    assert_no_password("a config error", &text);
+
+    // Serving, with every debug line of every crate logged.
+    let gw = GatewayProcess::start_with(&toml, &["--log-level", "debug"], &[(ENV, url.as_str())]).await;
+    let client = Client::http1(gw.addr);
+    assert_eq!(client.post("/hook", &msg("s1")).await.dedup(), "forwarded");
+    assert_eq!(client.post("/hook", &msg("s1")).await.dedup(), "duplicate");
+    assert!(
+        server
+            .cli(&["-a", PASSWORD, "--no-auth-warning", "GET", "dedup:bot:s1"])
+            .contains("completed")
+    );
+    gw.signal("TERM");
+    let logs = std::sync::Arc::clone(&gw.logs);
+    assert_eq!(gw.wait().await, Some(0));
+    let logs = logs.lock().expect("logs").join("\n");
+    assert!(logs.contains("\"level\":\"DEBUG\""), "debug logging was on:\n{logs}");
+    assert!(logs.contains("redis://***@127.0.0.1"), "{logs}");
+    assert_no_password("the debug logs", &logs);
+
+    // Start-up failures: a wrong password, and a Redis that is not there.
+    let wrong = format!("redis://:{PASSWORD}-wrong@127.0.0.1:{}/0", server.port);
+    let out = run(&["--log-level", "debug"], &config, Some(&wrong));
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("redis://***@127.0.0.1"), "{text}");
+    assert_no_password("the failure message (wrong password)", &text);
+
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = dead.local_addr().expect("addr").port();
+    drop(dead);
+    let out = run(
+        &["--log-level", "debug"],
+        &config,
+        Some(&format!("redis://:{PASSWORD}@127.0.0.1:{port}/0")),
+    );
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("redis://***@127.0.0.1:{port}/0")), "{text}");
+    assert_no_password("the failure message (no Redis)", &text);
+}

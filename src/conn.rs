@@ -55,7 +55,10 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
     let Some((prefix, is_h2)) = sniffed else {
         return; // silent, closed, or too slow to say which protocol: cut off
     };
-    let peer = Peer { addr };
+    let peer = Peer {
+        addr,
+        trusted: crate::config::cidr::trusted(&gw.trusted_proxies, addr.ip()),
+    };
     let result = if is_h2 {
         let activity = Arc::new(Activity::default());
         let streams = Arc::clone(&activity);

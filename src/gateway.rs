@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::config::cidr::Cidr;
 use crate::dedup::policy::OnStoreError;
 use crate::metrics::{Metrics, StoreOp};
 use crate::proxy::Upstream;
@@ -27,6 +28,8 @@ pub struct Gateway {
     pub body_timeout: std::time::Duration,
     pub key_prefix: String,
     pub on_store_error: OnStoreError,
+    /// `[server] trusted_proxies`: peers whose `X-Forwarded-Proto` / `-Host` are kept.
+    pub trusted_proxies: Vec<Cidr>,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
@@ -59,6 +62,7 @@ impl Gateway {
             body_timeout: config.server.body_timeout,
             key_prefix: config.store.key_prefix.clone(),
             on_store_error: config.store.on_error,
+            trusted_proxies: config.server.trusted_proxies.clone(),
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
             orphan_releases: AtomicUsize::new(0),

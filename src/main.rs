@@ -159,6 +159,16 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         d(s.shutdown_delay),
         d(s.shutdown_grace),
     );
+    let trusted: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
+    println!(
+        "  trusted_proxies [{}], admin token {}",
+        trusted.join(", "),
+        if s.admin_token.is_some() {
+            "required for POST /reload and DELETE /keys"
+        } else {
+            "off"
+        }
+    );
     let st = &config.store;
     let backend = match &st.backend {
         Backend::Memory { max_entries, max_bytes } => {

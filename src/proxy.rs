@@ -105,10 +105,13 @@ impl Upstream {
 #[derive(Clone, Copy, Debug)]
 pub struct Peer {
     pub addr: SocketAddr,
+    /// In `[server] trusted_proxies`: its `X-Forwarded-Proto` / `-Host` are kept.
+    pub trusted: bool,
 }
 
 /// Rewrites a received request for the upstream: same method, path, query and body;
-/// hop-by-hop headers removed; `X-Forwarded-For` appended, `-Proto` / `-Host` set.
+/// hop-by-hop headers removed; `X-Forwarded-For` appended, `-Proto` / `-Host` set
+/// (kept as they came from a trusted front proxy).
 pub fn upstream_request(
     mut head: http::request::Parts,
     body: Body,
@@ -137,10 +140,17 @@ pub fn upstream_request(
     let headers = &mut head.headers;
     strip_hop_by_hop(headers);
     append_forwarded_for(headers, peer.addr);
-    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    // Anyone may send these: only a trusted front proxy's values are believed.
+    if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
     if let Some(host) = host {
-        headers.insert(&X_FORWARDED_HOST, host.clone());
+        if !(peer.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+            headers.insert(&X_FORWARDED_HOST, host.clone());
+        }
         headers.insert(header::HOST, host);
+    } else if !peer.trusted {
+        headers.remove(&X_FORWARDED_HOST);
     }
     Ok(Request::from_parts(head, body))
 }
@@ -192,14 +202,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
     use std::fmt::Write as _;
+    // Several lines are one comma-separated list (RFC 9110 5.3): keep every one, in order.
     let prior = headers
-        .get(&X_FORWARDED_FOR)
-        .and_then(|v| v.to_str().ok())
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
         .filter(|p| !p.is_empty());
-    // One allocation: the longest IPv6 text is 39 bytes.
-    let mut value = String::with_capacity(prior.map_or(0, |p| p.len() + 2) + 39);
-    if let Some(prior) = prior {
-        value.push_str(prior);
+    // The longest IPv6 text is 39 bytes.
+    let mut value = String::with_capacity(64);
+    for line in prior {
+        value.push_str(line);
         value.push_str(", ");
     }
     let _ = write!(value, "{}", addr.ip());
@@ -215,6 +228,7 @@ mod tests {
 
     fn peer() -> Peer {
         Peer {
+            trusted: false,
             addr: "10.1.2.3:5555".parse().expect("addr"),
         }
     }
@@ -253,6 +267,50 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "gw.example");
         assert_eq!(h["host"], "gw.example");
         assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn forwarded_for_appends_to_every_line_and_proto_host_are_kept_only_from_trusted_peers() {
+        let req = || {
+            Request::post("/hook")
+                .header("host", "gw.example")
+                .header("x-forwarded-for", "192.0.2.1, 192.0.2.2")
+                .header("x-forwarded-for", "198.51.100.7")
+                .header("x-forwarded-proto", "https")
+                .header("x-forwarded-host", "public.example")
+                .body(())
+                .expect("request")
+                .into_parts()
+                .0
+        };
+        let target = Target::parse("http://127.0.0.1:5000").expect("target");
+        for trusted in [false, true] {
+            let peer = Peer { trusted, ..peer() };
+            let out = upstream_request(req(), Body::empty(), &target, peer).expect("rewrite");
+            let h = out.headers();
+            assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+            assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.2, 198.51.100.7, 10.1.2.3");
+            let (proto, host) = if trusted {
+                ("https", "public.example")
+            } else {
+                ("http", "gw.example")
+            };
+            assert_eq!(h["x-forwarded-proto"], proto, "trusted: {trusted}");
+            assert_eq!(h["x-forwarded-host"], host, "trusted: {trusted}");
+            assert_eq!(h["host"], "gw.example");
+        }
+        // A trusted peer that did not set them gets them set as for anyone.
+        let bare = Request::post("/hook")
+            .header("host", "gw.example")
+            .body(())
+            .expect("request");
+        let peer = Peer {
+            trusted: true,
+            ..peer()
+        };
+        let out = upstream_request(bare.into_parts().0, Body::empty(), &target, peer).expect("rewrite");
+        assert_eq!(out.headers()["x-forwarded-proto"], "http");
+        assert_eq!(out.headers()["x-forwarded-host"], "gw.example");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! Precedence per route setting: the route's own value, then `[defaults]`, then the
 //! built-in default (SPEC.md).
 
+pub mod cidr;
 pub mod read;
 mod route;
 pub mod secret;
@@ -47,6 +48,10 @@ pub struct ServerConfig {
     pub shutdown_delay: Duration,
     /// On SIGTERM: how long in-flight requests may still finish.
     pub shutdown_grace: Duration,
+    /// Peers whose `X-Forwarded-Proto` / `-Host` are kept (front proxies that set them).
+    pub trusted_proxies: Vec<cidr::Cidr>,
+    /// Bearer token `POST /reload` and `DELETE /keys/...` require (from `admin_token_env`).
+    pub admin_token: Option<secret::Secret>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,6 +190,8 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
         shutdown_grace: s
             .duration("shutdown_grace", problems)
             .unwrap_or(Duration::from_secs(30)),
+        trusted_proxies: trusted_proxies(&mut s, problems),
+        admin_token: secret::from_env(&mut s, "admin_token_env", problems).map(|(_, token)| token),
     };
     for (key, value) in [
         ("header_timeout", server.header_timeout),
@@ -197,6 +204,14 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
     }
     s.finish(problems);
     Some(server)
+}
+
+fn trusted_proxies(s: &mut Section, problems: &mut Problems) -> Vec<cidr::Cidr> {
+    let blocks = s.strings("trusted_proxies", problems).unwrap_or_default();
+    blocks
+        .into_iter()
+        .filter_map(|(path, text)| cidr::Cidr::parse(text).map_err(|e| problems.push(path, e)).ok())
+        .collect()
 }
 
 fn socket_addr(s: &mut Section, key: &'static str, problems: &mut Problems) -> Option<SocketAddr> {

@@ -1,8 +1,10 @@
 //! Integration tests: one binary (one link step), real sockets on loopback, a real
 //! recording upstream, and real store servers where a test needs one.
 
+mod conventions;
 mod dedup;
 mod edges;
+mod forwarded;
 mod ops;
 mod process;
 mod prometheus;

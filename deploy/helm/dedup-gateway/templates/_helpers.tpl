@@ -177,7 +177,11 @@ gateway.toml from .Values.config: top-level values, then tables ([server], [stor
 {{- if and .Values.serviceMonitor.enabled (not .Values.adminService.enabled) -}}
 {{- fail "serviceMonitor.enabled needs adminService.enabled" -}}
 {{- end -}}
-{{- $urlEnv := toString ((.Values.config.store | default dict).url_env | default "") -}}
+{{- $store := .Values.config.store | default dict -}}
+{{- $urlEnv := "" -}}
+{{- if eq (toString ($store.backend | default "memory")) "redis" -}}
+{{- $urlEnv = toString ($store.url_env | default "") -}}
+{{- end -}}
 {{- if and (not .Values.existingConfigMap) $urlEnv .Values.secret.create (not (hasKey .Values.secret.stringData $urlEnv)) -}}
 {{- fail (printf "config.store.url_env = %s: secret.stringData has no %s (or use existingSecret)" $urlEnv $urlEnv) -}}
 {{- end -}}

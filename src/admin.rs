@@ -1,6 +1,12 @@
 //! The admin listener: `/healthz` and `/livez` (the process runs), `/readyz` (config
-//! loaded, store answering, not draining), `/metrics` (Prometheus text) and
-//! `POST /reload` (re-read the config file, as SIGHUP does).
+//! loaded, store answering, not draining), `/metrics` (OpenMetrics text),
+//! `POST /reload` (re-read the config file, as SIGHUP does) and `/keys/<route>/<id>`
+//! (inspect or forget one message's marker, [`keys`]). With `admin_token_env` set, the
+//! endpoints that change something (`POST /reload`, `DELETE /keys/...`) need
+//! `Authorization: Bearer <token>`; probes and `/metrics` stay open.
+
+pub mod client;
+pub mod keys;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -48,7 +54,18 @@ pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
 
 async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let read = req.method() == Method::GET || req.method() == Method::HEAD;
-    match (req.uri().path(), read) {
+    let path = req.uri().path();
+    if path.starts_with("/keys/") {
+        return match *req.method() {
+            _ if read => json(keys::serve(&gw, req.method(), path, req.uri().query()).await),
+            Method::DELETE => match authorize(&gw, &req) {
+                None => json(keys::serve(&gw, req.method(), path, req.uri().query()).await),
+                Some(denied) => denied,
+            },
+            _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE only\n"),
+        };
+    }
+    match (path, read) {
         ("/healthz" | "/livez", true) => text(StatusCode::OK, "ok\n"),
         ("/readyz", true) if gw.is_ready() => text(StatusCode::OK, "ready\n"),
         ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
@@ -63,7 +80,13 @@ async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             );
             response
         }
-        ("/reload", false) if req.method() == Method::POST => reload(gw).await,
+        ("/reload", false) if req.method() == Method::POST => match authorize(&gw, &req) {
+            None => {
+                tracing::info!("admin: POST /reload");
+                reload(gw).await
+            }
+            Some(denied) => denied,
+        },
         ("/healthz" | "/livez" | "/readyz" | "/metrics", false) => text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
         ("/reload", _) => text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -91,6 +114,56 @@ async fn reload(gw: Arc<Gateway>) -> Response<Body> {
             format!("reload failed, nothing changed: {problems}\n"),
         ),
     }
+}
+
+/// With `admin_token_env` set: the request must carry `Authorization: Bearer <token>`.
+/// The comparison takes the same time wherever the tokens differ (both are hashed
+/// first, then every byte is compared), so timing tells nothing about the token.
+/// `None` when authorised, else the 401 to send.
+fn authorize(gw: &Gateway, req: &Request<Incoming>) -> Option<Response<Body>> {
+    let Some(expected) = &gw.admin_token else {
+        return None;
+    };
+    let offered = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if offered.is_some_and(|token| same_secret(token, expected.expose())) {
+        return None;
+    }
+    tracing::warn!(
+        method = %req.method(),
+        path = req.uri().path(),
+        token_sent = offered.is_some(),
+        "admin: refused, no valid bearer token"
+    );
+    let mut denied = text(
+        StatusCode::UNAUTHORIZED,
+        "this endpoint needs Authorization: Bearer <token> (server.admin_token_env)\n",
+    );
+    denied
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(denied)
+}
+
+fn same_secret(a: &str, b: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    a.iter().zip(b.iter()).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+fn json(reply: keys::Reply) -> Response<Body> {
+    let mut body = reply.body.to_string();
+    body.push('\n');
+    let mut response = Response::new(Body::full(body));
+    *response.status_mut() = reply.status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<Body> {

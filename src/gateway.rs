@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::config::cidr::Cidr;
+use crate::config::secret::Secret;
 use crate::dedup::policy::OnStoreError;
 use crate::metrics::{Metrics, StoreOp};
 use crate::proxy::Upstream;
@@ -30,6 +31,8 @@ pub struct Gateway {
     pub on_store_error: OnStoreError,
     /// `[server] trusted_proxies`: peers whose `X-Forwarded-Proto` / `-Host` are kept.
     pub trusted_proxies: Vec<Cidr>,
+    /// `[server] admin_token_env`: what `POST /reload` and `DELETE /keys/...` require.
+    pub admin_token: Option<Secret>,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
@@ -63,6 +66,7 @@ impl Gateway {
             key_prefix: config.store.key_prefix.clone(),
             on_store_error: config.store.on_error,
             trusted_proxies: config.server.trusted_proxies.clone(),
+            admin_token: config.server.admin_token.clone(),
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
             orphan_releases: AtomicUsize::new(0),

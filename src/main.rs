@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use dedup_gateway::admin::client::{KeyAction, admin_url, key_request};
 use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
 use dedup_gateway::dedup::key::{Input, stored_key};
 use dedup_gateway::reload::Reloader;
@@ -50,6 +51,21 @@ enum Command {
         /// The request's query string, e.g. 'a=b&c=d'.
         #[arg(long)]
         query: Option<String>,
+        /// Ask a running gateway what it holds for this message id (GET /keys/ROUTE/ID).
+        #[arg(long, value_name = "ID", conflicts_with_all = ["forget", "file", "headers", "query"])]
+        inspect: Option<String>,
+        /// Make a running gateway forget this message id, so its next delivery is
+        /// forwarded again (DELETE /keys/ROUTE/ID).
+        #[arg(long, value_name = "ID", conflicts_with_all = ["file", "headers", "query"])]
+        forget: Option<String>,
+        /// With --forget: forget it even while PROCESSING (a retry may then run alongside).
+        #[arg(long, requires = "forget")]
+        force: bool,
+        /// The admin listener (default: server.admin_listen of --config, on loopback
+        /// when it listens on every address). The bearer token, if the config sets
+        /// admin_token_env, is read from that variable.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
         /// The body; '-' or absent reads standard input.
         file: Option<PathBuf>,
     },
@@ -69,9 +85,23 @@ fn main() -> ExitCode {
         Command::Check => check(&cli.config),
         Command::Key {
             route,
+            inspect: Some(id),
+            admin,
+            ..
+        } => admin_key(&cli.config, &route, &id, KeyAction::Inspect, admin),
+        Command::Key {
+            route,
+            forget: Some(id),
+            force,
+            admin,
+            ..
+        } => admin_key(&cli.config, &route, &id, KeyAction::Forget { force }, admin),
+        Command::Key {
+            route,
             headers,
             query,
             file,
+            ..
         } => key(&cli.config, &route, &headers, query.as_deref(), file.as_deref()),
     };
     match result {
@@ -241,6 +271,31 @@ fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
         for warning in senders::warnings(s, p.completed_ttl) {
             println!("  warning: {warning}");
         }
+    }
+}
+
+/// `key --inspect ID` / `key --forget ID`: asks the running gateway's admin listener.
+fn admin_key(path: &Path, route: &str, id: &str, action: KeyAction, admin: Option<String>) -> anyhow::Result<ExitCode> {
+    let config = load(path)?;
+    let admin = match admin {
+        Some(url) => url,
+        None => match config.server.admin_listen {
+            Some(addr) => admin_url(addr),
+            None => bail!("{}: no server.admin_listen; pass --admin URL", path.display()),
+        },
+    };
+    let token = config.server.admin_token.as_ref().map(|t| t.expose().to_owned());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (status, body) = runtime.block_on(key_request(&admin, route, id, action, token.as_deref()))?;
+    match serde_json::from_str::<serde_json::Value>(&body) {
+        Ok(json) => println!("{}", serde_json::to_string_pretty(&json)?),
+        Err(_) => print!("{body}"),
+    }
+    if status.is_success() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("{admin}: {status}");
+        Ok(ExitCode::FAILURE)
     }
 }
 

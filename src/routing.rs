@@ -42,6 +42,14 @@ impl Routes {
         routes
     }
 
+    /// The route called `name` (for the admin API; a scan, never on the request path).
+    pub fn named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.exact
+            .values()
+            .chain(self.prefixes.iter().map(|(_, route)| route))
+            .find(|route| route.config.name == name)
+    }
+
     pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
         self.exact.get(path).or_else(|| {
             self.prefixes

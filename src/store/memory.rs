@@ -25,7 +25,10 @@ use siphasher::sip128::{Hasher128 as _, SipHasher13};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Claim, Completion, Marker, OWN_PAGES_MIN, PAGE, Store, StoreError, StoredResponse, Token};
+use super::{
+    Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, OWN_PAGES_MIN, PAGE, Store, StoreError, StoredResponse,
+    Token,
+};
 
 pub struct MemoryStore {
     inner: Mutex<Inner>,
@@ -434,6 +437,51 @@ impl Store for MemoryStore {
 
     fn bytes(&self) -> Option<u64> {
         Some(self.lock().slots.bytes)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+        Ok(self.inspect_entry(key))
+    }
+
+    async fn forget(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
+        Ok(self.forget_entry(key, force))
+    }
+}
+
+// ---------------------------------------------------------------- admin: inspect, forget
+
+impl MemoryStore {
+    fn inspect_entry(&self, key: &str) -> Option<KeyInfo> {
+        let d = self.digest(key);
+        let inner = self.lock();
+        let now = inner.now();
+        let entry = inner.slots.find(d).filter(|e| e.expires > now)?;
+        let (state, reply_stored) = match &entry.state {
+            State::Processing(_) => (KeyState::Processing, false),
+            State::Completed(response) => (KeyState::Completed, response.is_some()),
+        };
+        Some(KeyInfo {
+            state,
+            first_seen_ms: entry.first_seen_ms,
+            ttl: Some(Duration::from_millis(entry.expires - now)),
+            reply_stored,
+        })
+    }
+
+    /// Removes the entry (bytes and entries counted down, its queue items turn stale);
+    /// anyone waiting on a forgotten PROCESSING entry wakes and claims it.
+    fn forget_entry(&self, key: &str, force: bool) -> Forgotten {
+        let d = self.digest(key);
+        let mut inner = self.lock();
+        let now = inner.now();
+        let state = match inner.slots.find(d).filter(|e| e.expires > now).map(|e| &e.state) {
+            None => return Forgotten::Absent,
+            Some(State::Processing(_)) if !force => return Forgotten::Refused,
+            Some(State::Processing(_)) => KeyState::Processing,
+            Some(State::Completed(_)) => KeyState::Completed,
+        };
+        inner.slots.remove(d.0, |e| e.digest == d);
+        Forgotten::Deleted(state)
     }
 }
 

@@ -5,6 +5,7 @@
 //! maybe with the upstream's response). Claim is atomic; complete and release act only
 //! while the marker still holds the caller's token.
 
+pub mod admin;
 pub mod memory;
 pub mod redis;
 
@@ -19,6 +20,7 @@ use bytes::Bytes;
 use crate::config::{Backend, StoreConfig};
 use http::{HeaderValue, StatusCode};
 
+pub use admin::{Forgotten, KeyInfo, KeyState};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -232,6 +234,14 @@ pub trait Store: Send + Sync + 'static {
     fn bytes(&self) -> Option<u64> {
         None
     }
+
+    /// For the admin API: a marker's state, age, TTL left and whether a reply is stored.
+    fn inspect(&self, key: &str) -> impl Future<Output = Result<Option<KeyInfo>, StoreError>> + Send;
+
+    /// For the admin API: deletes a marker so the next delivery of its message is
+    /// forwarded again. A PROCESSING marker only with `force` (its owner may still be
+    /// forwarding); what was there either way.
+    fn forget(&self, key: &str, force: bool) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
 }
 
 /// The configured backend, chosen at start.
@@ -280,6 +290,14 @@ impl Store for AnyStore {
 
     fn bytes(&self) -> Option<u64> {
         each_backend!(self, s => s.bytes())
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+        each_backend!(self, s => s.inspect(key).await)
+    }
+
+    async fn forget(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
+        each_backend!(self, s => s.forget(key, force).await)
     }
 }
 

@@ -29,7 +29,7 @@ use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{Claim, Completion, Marker, Store, StoreError, StoredResponse, Token};
+use super::{Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, Store, StoreError, StoredResponse, Token};
 use crate::config::RedisTarget;
 
 /// PROCESSING(token) -> COMPLETED, only while the marker holds the caller's token.
@@ -635,6 +635,77 @@ impl Store for RedisStore {
         cmd.arg(&self.health_key).arg(10_000u64).arg(super::unix_ms());
         self.call::<redis::Value>(&self.health, Call::Cmd(&cmd)).await.map(drop)
     }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+        self.inspect_key(key).await
+    }
+
+    async fn forget(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
+        self.forget_key(key, force).await
+    }
+}
+
+// ---------------------------------------------------------------- admin: inspect, forget
+
+/// The value and its TTL in one round trip, read at the same instant.
+const INSPECT_LUA: &str = r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
+
+/// Deletes the marker; a PROCESSING one only with ARGV[2] = '1'. Returns 0 absent,
+/// 1 COMPLETED deleted, 2 PROCESSING refused, 3 PROCESSING deleted.
+const FORGET_LUA: &str = r"local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local processing = string.sub(v, 1, #ARGV[1]) == ARGV[1]
+if processing and ARGV[2] ~= '1' then return 2 end
+redis.call('DEL', KEYS[1])
+if processing then return 3 end
+return 1";
+
+static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
+
+/// How every PROCESSING value starts (see [`token_prefix`]).
+const PROCESSING_PREFIX: &str = "{\"state\":\"processing\"";
+
+impl RedisStore {
+    async fn inspect_key(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+        let mut invocation = INSPECT.prepare_invoke();
+        invocation.key(key);
+        let (raw, pttl): (Option<Vec<u8>>, i64) = self.call(&self.conns, Call::Script(&invocation)).await?;
+        let Some(raw) = raw else { return Ok(None) };
+        let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
+        Ok(Some(match parse_marker(&raw)? {
+            Marker::Processing { first_seen_ms, .. } => KeyInfo {
+                state: KeyState::Processing,
+                first_seen_ms,
+                ttl,
+                reply_stored: false,
+            },
+            Marker::Completed {
+                first_seen_ms,
+                response,
+            } => KeyInfo {
+                state: KeyState::Completed,
+                first_seen_ms,
+                ttl,
+                reply_stored: response.is_some(),
+            },
+        }))
+    }
+
+    async fn forget_key(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
+        let mut invocation = FORGET.prepare_invoke();
+        invocation
+            .key(key)
+            .arg(PROCESSING_PREFIX)
+            .arg(if force { "1" } else { "0" });
+        let outcome: i64 = self.call(&self.conns, Call::Script(&invocation)).await?;
+        Ok(match outcome {
+            1 => Forgotten::Deleted(KeyState::Completed),
+            2 => Forgotten::Refused,
+            3 => Forgotten::Deleted(KeyState::Processing),
+            _ => Forgotten::Absent,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -655,6 +726,8 @@ mod tests {
         );
         let other = Token::generate();
         assert!(!value.starts_with(&token_prefix(other)));
+        // FORGET_LUA tells PROCESSING from COMPLETED by this prefix.
+        assert!(value.starts_with(PROCESSING_PREFIX));
     }
 
     #[test]

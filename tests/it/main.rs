@@ -1,6 +1,7 @@
 //! Integration tests: one binary (one link step), real sockets on loopback, a real
 //! recording upstream, and real store servers where a test needs one.
 
+mod admin_keys;
 mod conventions;
 mod dedup;
 mod edges;

@@ -17,7 +17,8 @@
 //! - [`body`]: the body type and the limited read.
 //! - [`error`]: request-ending errors and their one mapping to an answer.
 //! - [`outcome`]: how a request ended (`x-dedup-status` and the metric label).
-//! - [`metrics`]: Prometheus metrics; [`admin`]: the admin listener.
+//! - [`metrics`]: Prometheus metrics; [`admin`]: the admin listener (probes, metrics,
+//!   reload, the keys API and its client).
 //! - [`gateway`]: the shared state of a running gateway; [`shutdown`]: stop signals;
 //!   [`reload`]: SIGHUP / `POST /reload` config reloads.
 

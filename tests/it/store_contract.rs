@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dedup_gateway::config::RedisTarget;
-use dedup_gateway::store::{Claim, Completion, Marker, MemoryStore, RedisStore, Store, StoredResponse, Token};
+use dedup_gateway::store::{
+    Claim, Completion, Forgotten, KeyState, Marker, MemoryStore, RedisStore, Store, StoredResponse, Token,
+};
 use http::{HeaderValue, StatusCode};
 
 use crate::servers::{RedisCluster, RedisServer};
@@ -99,6 +101,77 @@ pub async fn contract(store: &impl Store, ns: &str) {
         Some(a)
     );
     store.ping().await.expect("ping");
+    admin_contract(store, ns).await;
+}
+
+/// The admin API's inspect and forget (see `admin_keys.rs` for them behind a gateway).
+async fn admin_contract(store: &impl Store, ns: &str) {
+    let key = |k: &str| format!("contract:{ns}:admin:{k}");
+    let owner = Token::generate();
+    assert_eq!(store.inspect(&key("p")).await.expect("inspect"), None);
+    assert_eq!(store.forget(&key("p"), true).await.expect("forget"), Forgotten::Absent);
+    store
+        .claim(&key("p"), owner, 1_700_000_000_000, TTL)
+        .await
+        .expect("claim");
+    let info = store.inspect(&key("p")).await.expect("inspect").expect("present");
+    assert_eq!(
+        (info.state, info.first_seen_ms, info.reply_stored),
+        (KeyState::Processing, 1_700_000_000_000, false)
+    );
+    assert!(info.ttl.is_some_and(|t| t <= TTL && t > TTL / 2), "{info:?}");
+    assert_eq!(
+        store.forget(&key("p"), false).await.expect("forget"),
+        Forgotten::Refused
+    );
+    assert!(
+        store.inspect(&key("p")).await.expect("inspect").is_some(),
+        "refused = untouched"
+    );
+    assert_eq!(
+        store.forget(&key("p"), true).await.expect("forget"),
+        Forgotten::Deleted(KeyState::Processing)
+    );
+    assert!(
+        !store
+            .complete(&key("p"), owner, completion(None))
+            .await
+            .expect("complete"),
+        "the owner lost it"
+    );
+    assert_eq!(
+        store.claim(&key("p"), Token::generate(), 2, TTL).await.expect("claim"),
+        Claim::Claimed
+    );
+
+    store.claim(&key("c"), owner, 3, TTL).await.expect("claim");
+    let reply = StoredResponse {
+        status: StatusCode::OK,
+        content_type: None,
+        content_encoding: None,
+        body: Bytes::from_static(b"ok"),
+    };
+    assert!(
+        store
+            .complete(&key("c"), owner, completion(Some(reply)))
+            .await
+            .expect("complete")
+    );
+    let info = store.inspect(&key("c")).await.expect("inspect").expect("present");
+    assert_eq!((info.state, info.reply_stored), (KeyState::Completed, true));
+    let (entries, bytes) = (store.entries(), store.bytes());
+    assert_eq!(
+        store.forget(&key("c"), false).await.expect("forget"),
+        Forgotten::Deleted(KeyState::Completed)
+    );
+    // A store that counts (memory) counts the forgotten entry and its reply out.
+    assert_eq!(store.entries(), entries.map(|n| n - 1));
+    assert!(bytes.is_none_or(|before| store.bytes().is_some_and(|after| after < before)));
+    assert_eq!(store.inspect(&key("c")).await.expect("inspect"), None);
+    assert_eq!(
+        store.claim(&key("c"), owner, 4, TTL).await.expect("claim"),
+        Claim::Claimed
+    );
 }
 
 pub async fn redis_store(url: String) -> RedisStore {

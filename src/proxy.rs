@@ -66,34 +66,36 @@ pub enum UpstreamError {
     Body(#[source] hyper::Error),
 }
 
-/// The pooled client every route shares.
-#[derive(Clone)]
-pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+/// The pooled upstream client. One pool per worker thread: a connection to the
+/// upstream is driven by the runtime that opened it, so a request served by one worker
+/// must not borrow another worker's connection (each use would wake the other thread).
+#[derive(Clone, Copy, Default)]
+pub struct Upstream;
+
+thread_local! {
+    static CLIENT: Client<HttpConnector, Body> = client();
 }
 
-impl Default for Upstream {
-    fn default() -> Self {
-        Self::new()
-    }
+fn client() -> Client<HttpConnector, Body> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        // Without a timer the idle timeout never fires and dead sockets pile up.
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
 }
 
 impl Upstream {
     pub fn new() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            // Without a timer the idle timeout never fires and dead sockets pile up.
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
-        Upstream { client }
+        Upstream
     }
 
     /// Sends a request and waits at most `timeout` for the response head.
     pub async fn send(&self, request: Request<Body>, timeout: Duration) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
+        let client = CLIENT.with(Client::clone);
+        match tokio::time::timeout(timeout, client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Connect(e)),
             Err(_) => Err(UpstreamError::Timeout(timeout)),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -19,15 +19,32 @@ use crate::config::ServerConfig;
 use crate::conn::{self, Protocols};
 use crate::gateway::Gateway;
 
-/// The sockets the gateway serves on, bound before anything runs (tests bind port 0).
+/// The sockets the gateway serves on, bound before anything runs (tests bind port 0):
+/// one proxy socket per worker, all on the same port (`SO_REUSEPORT`: the kernel spreads
+/// connections over them), and the admin socket.
 pub struct Listeners {
-    pub proxy: TcpListener,
+    proxy: Vec<std::net::TcpListener>,
     pub admin: Option<TcpListener>,
 }
 
 impl Listeners {
     pub async fn bind(server: &ServerConfig) -> std::io::Result<Self> {
-        let proxy = TcpListener::bind(server.listen).await?;
+        let mut proxy = Vec::with_capacity(server.workers);
+        let mut addr = server.listen;
+        for _ in 0..server.workers {
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.set_reuseaddr(true)?;
+            socket.set_reuseport(true)?;
+            socket.set_nodelay(true)?;
+            socket.bind(addr)?;
+            let listener = socket.listen(4096)?;
+            addr = listener.local_addr()?; // port 0: the others join the port the first got
+            proxy.push(listener.into_std()?);
+        }
         let admin = match server.admin_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
@@ -36,7 +53,10 @@ impl Listeners {
     }
 
     pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
-        self.proxy.local_addr()
+        match self.proxy.first() {
+            Some(listener) => listener.local_addr(),
+            None => Err(std::io::Error::other("no proxy listener")),
+        }
     }
 }
 
@@ -44,6 +64,12 @@ impl Listeners {
 const RELEASE_BUDGET: Duration = Duration::from_secs(2);
 
 /// Serves until `shutdown` resolves, then drains and returns.
+///
+/// Each proxy listener is served by a worker thread with a single-threaded runtime of
+/// its own (thread per core, as nginx has a worker process per core): a connection,
+/// its requests, their tasks and the upstream connections they use all stay on one
+/// thread, with no wake-ups across threads. The caller's runtime coordinates: it runs
+/// the admin listener, the store checks and the drain.
 pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, shutdown: impl Future<Output = ()>) {
     gw.check_store().await;
     gw.spawn_store_checks();
@@ -63,25 +89,73 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         draining: CancellationToken::new(),
     });
     let connections = TaskTracker::new();
-    let listener = listeners.proxy;
+    // Workers accept until `accepting` is cancelled, then stay up (serving what they
+    // have) until `exit` is.
+    let (accepting, exit) = (CancellationToken::new(), CancellationToken::new());
+    let workers: Vec<_> = listeners
+        .proxy
+        .into_iter()
+        .enumerate()
+        .map(|(i, listener)| {
+            let (gw, protocols, connections) = (Arc::clone(&gw), Arc::clone(&protocols), connections.clone());
+            let (accepting, exit) = (accepting.clone(), exit.clone());
+            std::thread::Builder::new()
+                .name(format!("worker-{i}"))
+                .spawn(move || worker(gw, protocols, connections, listener, accepting, exit))
+        })
+        .collect();
 
-    tokio::select! {
-        () = accept_loop(&gw, &protocols, &connections, &listener) => {}
-        () = shutdown => {}
-    }
+    shutdown.await;
     gw.start_draining();
     if !server.shutdown_delay.is_zero() {
         tracing::info!(delay = ?server.shutdown_delay, "not ready; still accepting during shutdown_delay");
-        tokio::select! {
-            () = accept_loop(&gw, &protocols, &connections, &listener) => {}
-            () = tokio::time::sleep(server.shutdown_delay) => {}
-        }
+        tokio::time::sleep(server.shutdown_delay).await;
     }
-    drop(listener);
+    accepting.cancel();
     protocols.closing.cancel();
     protocols.draining.cancel();
     connections.close();
     drain(&gw, &connections, server.shutdown_grace).await;
+    exit.cancel();
+    for handle in workers.into_iter().flatten() {
+        let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+    }
+}
+
+/// One worker thread: a single-threaded runtime serving one listener.
+fn worker(
+    gw: Arc<Gateway>,
+    protocols: Arc<Protocols>,
+    connections: TaskTracker,
+    listener: std::net::TcpListener,
+    accepting: CancellationToken,
+    exit: CancellationToken,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a worker runtime");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(listener))
+        {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serve a proxy listener");
+                return;
+            }
+        };
+        tokio::select! {
+            () = accept_loop(&gw, &protocols, &connections, &listener) => {}
+            () = accepting.cancelled() => {}
+        }
+        drop(listener);
+        exit.cancelled().await;
+    });
 }
 
 /// Accepts connections forever.

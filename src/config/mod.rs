@@ -30,6 +30,8 @@ pub struct Config {
 pub struct ServerConfig {
     /// Proxy listener (HTTP/1.1 and h2c).
     pub listen: SocketAddr,
+    /// Worker threads, each with its own runtime and its own socket on `listen`.
+    pub workers: usize,
     /// `/healthz`, `/livez`, `/readyz`, `/metrics`; `None` disables them.
     pub admin_listen: Option<SocketAddr>,
     /// Larger request bodies get 413; nothing is stored or forwarded.
@@ -177,8 +179,10 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
     let mut s = section.unwrap_or_else(|| Section::new("server", &empty));
     let listen = socket_addr(&mut s, "listen", problems);
     let admin_listen = socket_addr(&mut s, "admin_listen", problems);
+    let workers = s.integer("workers", 1024, problems).map(|n| n as usize);
     let server = ServerConfig {
         listen: listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080))),
+        workers: workers.unwrap_or_else(default_workers),
         admin_listen,
         max_body: s.size("max_body", problems).unwrap_or(1 << 20),
         header_timeout: s
@@ -193,6 +197,9 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
         trusted_proxies: trusted_proxies(&mut s, problems),
         admin_token: secret::from_env(&mut s, "admin_token_env", problems).map(|(_, token)| token),
     };
+    if server.workers == 0 {
+        problems.push(s.path_of("workers"), "must be at least 1");
+    }
     for (key, value) in [
         ("header_timeout", server.header_timeout),
         ("body_timeout", server.body_timeout),
@@ -212,6 +219,11 @@ fn trusted_proxies(s: &mut Section, problems: &mut Problems) -> Vec<cidr::Cidr> 
         .into_iter()
         .filter_map(|(path, text)| cidr::Cidr::parse(text).map_err(|e| problems.push(path, e)).ok())
         .collect()
+}
+
+/// One worker per core the process may use.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn socket_addr(s: &mut Section, key: &'static str, problems: &mut Problems) -> Option<SocketAddr> {

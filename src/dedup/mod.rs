@@ -7,15 +7,17 @@ pub mod key;
 mod owner;
 pub mod policy;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use http::header;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::body::Body;
 use crate::error::GatewayError;
@@ -40,19 +42,20 @@ pub struct Answer {
     pub response: Response<Body>,
 }
 
-/// Runs one keyed request through the state machine and waits for its answer.
+/// Runs one keyed request through the state machine.
 ///
-/// Everything from the claim on runs in a task of its own (SPEC: a sender that hangs
-/// up, or resets its h2 stream, even while the claim is on its way to the store, must
-/// never leave a marker nobody owns nor cancel the upstream call). The handler only
-/// waits for the answer; if it is dropped, the task carries on.
+/// Everything from the claim on is a future that nobody can cancel (SPEC: a sender
+/// that hangs up, or resets its h2 stream, even while the claim is on its way to the
+/// store, must never leave a marker nobody owns nor cancel the upstream call). It runs
+/// in the request's own task while the sender waits, which costs no spawn and no
+/// wake-up of another task; if the handler is dropped first, [`Detached`] hands the
+/// unfinished work to a task of its own, where it carries on from where it was.
 pub async fn process(
     gw: &Arc<Gateway>,
     route: &Arc<Route>,
     key: Arc<str>,
     req: Request,
 ) -> Result<Answer, GatewayError> {
-    let (tx, rx) = oneshot::channel();
     let task = Task {
         gw: Arc::clone(gw),
         route: Arc::clone(route),
@@ -60,13 +63,50 @@ pub async fn process(
         token: Token::generate(),
         first_seen_ms: unix_ms(),
     };
-    gw.tasks.spawn(async move {
-        let mut tx = tx;
-        let result = task.run(req, &mut tx).await;
-        let _ = tx.send(result);
-    });
-    rx.await
-        .unwrap_or_else(|_| Err(GatewayError::Internal("request task ended without an answer".into())))
+    Detached::new(&gw.tasks, task.run(req)).await
+}
+
+/// A future that outlives its caller: polled in place, and moved to a task of its own
+/// (tracked, so the drain waits for it) if it is dropped before it is done.
+struct Detached<F: Future<Output = Result<Answer, GatewayError>> + Send + 'static> {
+    work: Option<Pin<Box<F>>>,
+    tasks: TaskTracker,
+}
+
+impl<F: Future<Output = Result<Answer, GatewayError>> + Send + 'static> Detached<F> {
+    fn new(tasks: &TaskTracker, work: F) -> Self {
+        Detached {
+            work: Some(Box::pin(work)),
+            tasks: tasks.clone(),
+        }
+    }
+}
+
+impl<F: Future<Output = Result<Answer, GatewayError>> + Send + 'static> Future for Detached<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Ready(Err(GatewayError::Internal("polled after completion".into())));
+        };
+        let done = ready!(work.as_mut().poll(cx));
+        self.work = None;
+        Poll::Ready(done)
+    }
+}
+
+impl<F: Future<Output = Result<Answer, GatewayError>> + Send + 'static> Drop for Detached<F> {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            // The sender is gone; the work is not. (Outside a runtime, the process is
+            // exiting and the marker expires after processing_ttl.)
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.tasks.spawn(async move {
+                    let _ = work.await;
+                });
+            }
+        }
+    }
 }
 
 /// One keyed request from its claim to its answer.
@@ -78,11 +118,8 @@ pub(crate) struct Task {
     pub(crate) first_seen_ms: u64,
 }
 
-/// Where the answer goes; closed when the sender hung up.
-type Reply = oneshot::Sender<Result<Answer, GatewayError>>;
-
 impl Task {
-    async fn run(self, req: Request, reply: &mut Reply) -> Result<Answer, GatewayError> {
+    async fn run(self, req: Request) -> Result<Answer, GatewayError> {
         let (gw, route) = (&self.gw, &self.route);
         let policy = &route.config.policy;
         let deadline = Instant::now() + policy.in_flight_wait;
@@ -129,10 +166,8 @@ impl Task {
                     if now >= deadline {
                         return Err(GatewayError::InFlight);
                     }
-                    // A waiter owns nothing: it may stop when nobody is left to answer.
                     tokio::select! {
                         () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
-                        () = reply.closed() => return Err(GatewayError::InFlight),
                         () = gw.abandon.cancelled() => return Err(GatewayError::Abandoned),
                     }
                     waits += 1;

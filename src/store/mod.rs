@@ -259,29 +259,42 @@ macro_rules! each_backend {
     };
 }
 
+/// Like `each_backend!` for async calls, with the Redis future boxed: it carries a
+/// connection, a deadline and the reply (kilobytes), and inline it would make every
+/// caller's future (the memory store's too) that large, to be moved around on every
+/// request. A network call affords the allocation.
+macro_rules! each_backend_async {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($store) => $call.await,
+            AnyStore::Redis($store) => Box::pin($call).await,
+        }
+    };
+}
+
 impl Store for AnyStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        each_backend!(self, s => s.claim(key, token, first_seen_ms, ttl).await)
+        each_backend_async!(self, s => s.claim(key, token, first_seen_ms, ttl))
     }
 
     async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
-        each_backend!(self, s => s.complete(key, token, completion).await)
+        each_backend_async!(self, s => s.complete(key, token, completion))
     }
 
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
-        each_backend!(self, s => s.release(key, token).await)
+        each_backend_async!(self, s => s.release(key, token))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
-        each_backend!(self, s => s.get(key).await)
+        each_backend_async!(self, s => s.get(key))
     }
 
     async fn wait(&self, key: &str, holder: Token, attempt: u32, max: Duration) {
-        each_backend!(self, s => s.wait(key, holder, attempt, max).await)
+        each_backend_async!(self, s => s.wait(key, holder, attempt, max))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        each_backend!(self, s => s.ping().await)
+        each_backend_async!(self, s => s.ping())
     }
 
     fn entries(&self) -> Option<usize> {
@@ -293,11 +306,11 @@ impl Store for AnyStore {
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        each_backend!(self, s => s.inspect(key).await)
+        each_backend_async!(self, s => s.inspect(key))
     }
 
     async fn forget(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
-        each_backend!(self, s => s.forget(key, force).await)
+        each_backend_async!(self, s => s.forget(key, force))
     }
 }
 

@@ -1,0 +1,527 @@
+#!/usr/bin/env python3
+"""dedup-gateway against nginx on the same machine: throughput, latency, CPU per request.
+
+Run through bench/run (it checks the tools and builds the release binaries). Contestants
+(every one in front of the same trivial upstream, an nginx answering 200 "success"):
+
+  direct      wrk -> upstream (the ceiling)
+  nginx       nginx as a plain reverse proxy (keepalive pool, 2 workers): the baseline
+  nginx-lua   nginx + Lua + Redis dedup written the way users write it (bench/dedup.lua)
+  gw-memory   dedup-gateway, embedded memory store
+  gw-redis    dedup-gateway, Redis store (a local redis-server)
+
+Rounds are interleaved (round 1 runs every scenario and contestant, then round 2...),
+so drift of the machine hits every contestant alike; ratios are taken within a round
+and the median of the rounds is reported. CPU time per request comes from /proc
+(utime + stime of the contestant's processes over the run). At the end, the upstream's
+log of request bodies is checked: no id sent to a dedup contestant reached it twice.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+GATEWAY = os.path.join(ROOT, "target", "release", "dedup-gateway")
+SENDER_COST = os.path.join(ROOT, "target", "release", "examples", "sender-cost")
+TICK = os.sysconf("SC_CLK_TCK")
+PROCS = []  # every process started, stopped by PID at exit
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name, cmd, log):
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.name = name
+    PROCS.append(proc)
+    return proc
+
+
+def children(pid):
+    """PIDs whose parent is `pid` (nginx workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def cpu_seconds(proc):
+    """utime + stime of a process and its children (nginx master + workers)."""
+    total = 0
+    for pid in [proc.pid] + children(proc.pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICK
+
+
+def rss_bytes(pid, field="VmRSS"):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def stop_all():
+    for proc in reversed(PROCS):
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGQUIT if proc.name.startswith("nginx") else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.time() + 5
+    for proc in PROCS:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for pid in children(proc.pid) + [proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+
+
+def wait_port(port, what, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    sys.exit(f"{what} did not listen on {port}")
+
+
+def http_get(url):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+# ------------------------------------------------------------------ servers
+
+NGINX_HEAD = """
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 2;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  lua_package_path "/usr/share/lua/5.1/?.lua;;";
+  keepalive_requests 1000000;
+"""
+
+
+def nginx(name, work, body):
+    d = os.path.join(work, name)
+    os.makedirs(d, exist_ok=True)
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_HEAD.format(dir=d) + body + "\n}\n")
+    log = open(os.path.join(d, "stdout.log"), "w")
+    return start(f"nginx-{name}", ["nginx", "-c", conf, "-p", d, "-e", os.path.join(d, "error.log")], log)
+
+
+def upstream_body(p, work):
+    # Every request body is logged (buffered) so the end can check no id reached the
+    # bot twice; every contestant meets the same upstream, logging included.
+    lua = """content_by_lua_block { ngx.req.read_body() %s ngx.print("success") }"""
+    return f"""
+  log_format ids '$request_body';
+  server {{
+    listen 127.0.0.1:{p['up_fast']} reuseport backlog=4096;
+    location / {{ {lua % ''} access_log {work}/ids.log ids buffer=1m flush=1s; }}
+  }}
+  server {{
+    listen 127.0.0.1:{p['up_slow']} reuseport backlog=4096;
+    location / {{ {lua % 'ngx.sleep(0.05)'} access_log {work}/ids.log ids buffer=1m flush=1s; }}
+  }}"""
+
+
+def proxy_locations(p, dedup):
+    """`/hook` to the fast upstream, `/slow-*` to the 50 ms one; with `dedup`, through
+    bench/dedup.lua (the capture locations are internal)."""
+    out = f"""
+  upstream fast {{ server 127.0.0.1:{p['up_fast']}; keepalive 256; }}
+  upstream slow {{ server 127.0.0.1:{p['up_slow']}; keepalive 1024; }}
+  server {{
+    listen 127.0.0.1:{{port}} reuseport backlog=4096;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+"""
+    for path, pool in (("/hook", "fast"), ("/slow-ack", "slow"), ("/slow-wait", "slow")):
+        if dedup:
+            out += f"""    location = {path} {{ set $dedup_upstream /_up{path}; set $redis_port {p['redis']};
+      content_by_lua_file {BENCH}/dedup.lua; }}
+    location = /_up{path} {{ internal; proxy_pass http://{pool}{path}; }}
+"""
+        else:
+            out += f"    location = {path} {{ proxy_pass http://{pool}; }}\n"
+    return out + "  }"
+
+
+def gateway_toml(p, store, port, admin):
+    if store == "redis":
+        store_toml = f'backend = "redis"\nurl = "redis://127.0.0.1:{p["redis"]}/0"'
+    else:
+        store_toml = 'backend = "memory"\nmax_entries = 1_100_000'
+    routes = ""
+    for name, path, up, extra in (
+        ("hook", "/hook", "up_fast", ""),
+        ("slow-ack", "/slow-ack", "up_slow", 'on_in_flight = "ack"'),
+        ("slow-wait", "/slow-wait", "up_slow", ""),
+    ):
+        routes += f"""
+[[routes]]
+name = "{name}"
+path = "{path}"
+upstream = "http://127.0.0.1:{p[up]}"
+key = ["json:/msgId"]
+{extra}
+"""
+    # Signed and encrypted senders (credentials as in examples/sender-cost.rs).
+    routes += f"""
+[[routes]]
+name = "slack"
+path = "/slack"
+upstream = "http://127.0.0.1:{p['up_fast']}"
+preset = "slack"
+secret = "bench-signing-secret"
+
+[[routes]]
+name = "wechat"
+path = "/wechat"
+upstream = "http://127.0.0.1:{p['up_fast']}"
+preset = "wechat-mp"
+secret = "bench-token"
+aes_key = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG"
+app_id = "wx0123456789abcdef"
+"""
+    return f"""[server]
+listen = "127.0.0.1:{port}"
+admin_listen = "127.0.0.1:{admin}"
+[store]
+{store_toml}
+{routes}"""
+
+
+def gateway(name, work, toml, admin):
+    path = os.path.join(work, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(toml)
+    log = open(os.path.join(work, f"{name}.log"), "w")
+    proc = start(name, [GATEWAY, "--config", path, "--log-level", "warn"], log)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            if http_get(f"http://127.0.0.1:{admin}/readyz").startswith("ready"):
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.05)
+    sys.exit(f"{name} did not get ready; see {work}/{name}.log")
+
+
+# ------------------------------------------------------------------ load
+
+def wrk(url, conns, seconds, args, script=os.path.join(BENCH, "post.lua")):
+    cmd = ["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", script, url, "--"] + args
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"BENCH (.*)", out)
+    if not m:
+        sys.exit(f"wrk printed no summary:\n{out}")
+    r = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def measure(procs, url, conns, seconds, args, script=os.path.join(BENCH, "post.lua")):
+    before = sum(cpu_seconds(p) for p in procs)
+    r = wrk(url, conns, seconds, args, script)
+    r["cpu_us"] = (sum(cpu_seconds(p) for p in procs) - before) / max(r["requests"], 1) * 1e6
+    return r
+
+
+# ------------------------------------------------------------------ main
+
+SCENARIOS = [
+    # name, path, connections, duplicate share, contestants
+    ("all unique, c=32", "/hook", 32, 0.0, ["direct", "nginx", "nginx-lua", "gw-memory", "gw-redis"]),
+    ("half duplicates, c=32", "/hook", 32, 0.5, ["nginx", "nginx-lua", "gw-memory", "gw-redis"]),
+    ("half duplicates, c=256", "/hook", 256, 0.5, ["nginx", "nginx-lua", "gw-memory", "gw-redis"]),
+    (
+        "50 ms upstream, half dup, c=256",
+        "/slow-ack",
+        256,
+        0.5,
+        ["nginx", "nginx-lua", "gw-memory", "gw-redis", "gw-redis (wait)"],
+    ),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=4, help="length of each wrk run (default 4)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--skip-memory", action="store_true", help="skip the 1,000,000-key memory run")
+    ap.add_argument("--only", help="run only scenarios whose name contains this")
+    opts = ap.parse_args()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit("interrupted"))
+    work = tempfile.mkdtemp(prefix="dedup-bench-")
+    p = {k: free_port() for k in ("up_fast", "up_slow", "redis", "nginx", "lua", "gwm", "gwm_admin", "gwr", "gwr_admin")}
+    try:
+        run(opts, work, p)
+    finally:
+        stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(opts, work, p):
+    cores = os.cpu_count()
+    print(f"machine: {cores} cores, {os.uname().machine}, {platform_line()}")
+    print(f"wrk -t2, {opts.seconds} s per run, {opts.rounds} interleaved rounds\n", flush=True)
+
+    redis = start("redis", ["redis-server", "--port", str(p["redis"]), "--save", "", "--appendonly", "no",
+                            "--maxmemory-policy", "noeviction", "--loglevel", "warning"],
+                  open(os.path.join(work, "redis.log"), "w"))
+    wait_port(p["redis"], "redis-server")
+    upstream = nginx("upstream", work, upstream_body(p, work))
+    plain = nginx("plain", work, proxy_locations(p, dedup=False).replace("{port}", str(p["nginx"])))
+    lua = nginx("lua", work, proxy_locations(p, dedup=True).replace("{port}", str(p["lua"])))
+    for port in (p["up_fast"], p["up_slow"], p["nginx"], p["lua"]):
+        wait_port(port, "nginx")
+    gwm = gateway("gw-memory", work, gateway_toml(p, "memory", p["gwm"], p["gwm_admin"]), p["gwm_admin"])
+    gwr = gateway("gw-redis", work, gateway_toml(p, "redis", p["gwr"], p["gwr_admin"]), p["gwr_admin"])
+
+    contestants = {
+        "direct": ([upstream], p["up_fast"]),
+        "nginx": ([plain], p["nginx"]),
+        "nginx-lua": ([lua], p["lua"]),
+        "gw-memory": ([gwm], p["gwm"]),
+        "gw-redis": ([gwr], p["gwr"]),
+        "gw-redis (wait)": ([gwr], p["gwr"]),
+    }
+    dedup_runs = []  # (prefix, contestant) whose ids must reach the upstream once
+    results = {}  # (scenario, contestant) -> [per-round result]
+    scenarios = [s for s in SCENARIOS if not opts.only or opts.only in s[0]]
+    for rnd in range(1, opts.rounds + 1):
+        print(f"round {rnd}/{opts.rounds}", flush=True)
+        for si, (name, path, conns, share, names) in enumerate(scenarios):
+            for c in names:
+                procs, port = contestants[c]
+                route = "/slow-wait" if c.endswith("(wait)") else path
+                if c == "direct" and route == "/hook":
+                    route = "/"
+                prefix = f"s{si}r{rnd}{re.sub('[^a-z]', '', c)}"
+                r = measure(procs, f"http://127.0.0.1:{port}{route}", conns, opts.seconds, [prefix, str(share)])
+                results.setdefault((name, c), []).append(r)
+                if c.startswith("gw") or c == "nginx-lua":
+                    dedup_runs.append((prefix, c))
+                print(f"  {name:34} {c:16} {r['rps']:>9.0f} req/s  p99 {r['p99_us'] / 1000:6.2f} ms"
+                      f"  {r['cpu_us']:5.1f} us CPU/req  errors {r['status_errors'] + r['socket_errors']}",
+                      flush=True)
+
+    senders = sender_rows(opts, gwm, p)
+    memory = None if opts.skip_memory else memory_run(opts, work, p)
+
+    # Flush the upstream's id log (graceful stop) and check it.
+    upstream.send_signal(signal.SIGQUIT)
+    upstream.wait(timeout=10)
+    doubled = duplicates_delivered(os.path.join(work, "ids.log"), dedup_runs)
+
+    report(scenarios, results, senders, memory, doubled)
+
+
+def platform_line():
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
+    except OSError:
+        model = "?"
+    return model
+
+
+DONE_LUA = open(os.path.join(BENCH, "post.lua")).read().split("function done", 1)[1]
+SENDER_IDS = 10_000
+
+
+def sender_script(kind):
+    """A wrk script cycling through SENDER_IDS deliveries: signed and encrypted ones
+    built by examples/sender-cost (wrk's Lua can compute neither an HMAC nor AES), or
+    plain JSON ones."""
+    if kind == "json":
+        bodies = ",\n".join(
+            f'  wrk.format("POST", "/hook", {{["Content-Type"]="application/json"}}, '
+            f'\'{{"msgId":"senders-{os.getpid()}-{i}","text":"hello"}}\')'
+            for i in range(SENDER_IDS))
+        text = f"local reqs = {{\n{bodies}\n}}\nlocal i = 0\nrequest = function()\n  i = i % #reqs + 1\n  return reqs[i]\nend\n"
+    else:
+        # Generated right before the run: Slack's timestamps must be fresh.
+        text = subprocess.run([SENDER_COST, "--wrk", kind, str(SENDER_IDS)], capture_output=True,
+                              text=True, check=True).stdout
+    path = os.path.join(tempfile.gettempdir(), f"dedup-bench-{kind}-{os.getpid()}.lua")
+    with open(path, "w") as f:
+        f.write(text + "\nfunction done" + DONE_LUA)
+    return path
+
+
+def sender_rows(opts, gwm, p):
+    """The signed Slack route and the WeChat safe-mode route next to the plain JSON
+    route, on the memory store: what the check and the decryption cost per request.
+    Each route first sees its SENDER_IDS deliveries once (forwarded), then the measured
+    run repeats them: every measured request is checked (and decrypted) and answered
+    as a duplicate, so the rows differ only by the sender's check."""
+    if not os.path.exists(SENDER_COST):
+        return None
+    rows = {}
+    for name, kind in (("plain JSON", "json"), ("slack (HMAC-SHA256)", "slack"),
+                       ("wechat-mp safe mode (SHA-1 + AES)", "wechat")):
+        script = sender_script(kind)
+        url = f"http://127.0.0.1:{p['gwm']}/{'hook' if kind == 'json' else kind}"
+        try:
+            primed = 0
+            while primed < SENDER_IDS:
+                primed += wrk(url, 32, 1, [], script)["requests"]
+            r = measure([gwm], url, 32, opts.seconds, [], script)
+        finally:
+            os.unlink(script)
+        rows[name] = r
+        print(f"  senders: {name:36} {r['rps']:>9.0f} req/s  {r['cpu_us']:5.1f} us CPU/req"
+              f"  errors {r['status_errors'] + r['socket_errors']}", flush=True)
+    return rows
+
+
+def memory_run(opts, work, p):
+    """Fills a fresh memory-store gateway with 1,000,000 completed keys: idle RSS, RSS per
+    key, and new-id throughput full against empty."""
+    port, admin = free_port(), free_port()
+    toml = gateway_toml(p, "memory", port, admin)
+    empty = gateway("gw-memory-fresh", work, toml, admin)
+    idle = rss_bytes(empty.pid)
+    base = measure([empty], f"http://127.0.0.1:{port}/hook", 32, opts.seconds, ["m0", "0"])
+    empty.send_signal(signal.SIGTERM)
+    empty.wait(timeout=10)
+    PROCS.remove(empty)
+
+    port, admin = free_port(), free_port()
+    full = gateway("gw-memory-full", work, gateway_toml(p, "memory", port, admin), admin)
+    start_rss = rss_bytes(full.pid)
+    fill = subprocess.Popen(["wrk", "-t2", "-c64", "-d120s", "-s", os.path.join(BENCH, "post.lua"),
+                             f"http://127.0.0.1:{port}/hook", "--", "fill", "0"],
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+    PROCS.append(fill)
+    fill.name = "wrk-fill"
+    entries = 0
+    while entries < 1_000_000 and fill.poll() is None:
+        time.sleep(0.2)
+        entries = store_entries(admin)
+    fill.send_signal(signal.SIGTERM)
+    fill.wait()
+    PROCS.remove(fill)
+    time.sleep(0.5)
+    entries = store_entries(admin)
+    held = rss_bytes(full.pid)
+    loaded = measure([full], f"http://127.0.0.1:{port}/hook", 32, opts.seconds, ["m1", "0"])
+    out = {"idle_rss": idle, "start_rss": start_rss, "full_rss": held, "entries": entries,
+           "per_key": (held - start_rss) / max(entries, 1), "empty_rps": base["rps"],
+           "full_rps": loaded["rps"]}
+    print(f"  memory: {entries} keys, RSS {held / 2**20:.1f} MiB ({out['per_key']:.0f} B/key), "
+          f"idle {idle / 2**20:.1f} MiB; new ids {base['rps']:.0f} req/s empty, {loaded['rps']:.0f} full",
+          flush=True)
+    return out
+
+
+def store_entries(admin):
+    text = http_get(f"http://127.0.0.1:{admin}/metrics")
+    m = re.search(r"^dedup_store_entries (\d+)", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def duplicates_delivered(log, runs):
+    counts = {prefix: {} for prefix, _ in runs}
+    pattern = re.compile(r'"msgId":"((s\d+r\d+[a-z]+)-[^"]*)"')
+    with open(log, errors="replace") as f:
+        for line in f:
+            m = pattern.search(line)
+            if m and m.group(2) in counts:
+                ids = counts[m.group(2)]
+                ids[m.group(1)] = ids.get(m.group(1), 0) + 1
+    return {c: sum(sum(n - 1 for n in counts[prefix].values() if n > 1) for prefix, cc in runs if cc == c)
+            for _, c in runs}
+
+
+def report(scenarios, results, senders, memory, doubled):
+    med = statistics.median
+    print("\n## Throughput, latency and CPU (median of the rounds; ratio to nginx within each round)\n")
+    print("| scenario | contestant | req/s | p50 | p99 | ratio to nginx | CPU µs/req |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, _, _, _, names in scenarios:
+        base = results[(name, "nginx")]
+        for c in names:
+            rs = results[(name, c)]
+            ratio = med(r["rps"] / b["rps"] for r, b in zip(rs, base))
+            errs = sum(r["status_errors"] + r["socket_errors"] for r in rs)
+            note = f" ({errs} non-2xx/socket errors)" if errs else ""
+            print(f"| {name} | {c}{note} | {med(r['rps'] for r in rs):,.0f} | "
+                  f"{med(r['p50_us'] for r in rs) / 1000:.2f} ms | {med(r['p99_us'] for r in rs) / 1000:.2f} ms | "
+                  f"{ratio:.2f}x | {med(r['cpu_us'] for r in rs):.1f} |")
+    if senders:
+        base = senders["plain JSON"]
+        print("\n## Signed and encrypted senders (gw-memory, c=32, every request checked and a duplicate)\n")
+        print("| route | req/s | CPU µs/req | check (+ decryption) per request |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, r in senders.items():
+            extra = "" if r is base else f"+{r['cpu_us'] - base['cpu_us']:.1f} µs"
+            print(f"| {name} | {r['rps']:,.0f} | {r['cpu_us']:.1f} | {extra} |")
+    if memory:
+        print("\n## Memory store with 1,000,000 completed keys\n")
+        print(f"- idle RSS (fresh gateway): {memory['idle_rss'] / 2**20:.1f} MiB")
+        print(f"- {memory['entries']:,} keys: RSS {memory['full_rss'] / 2**20:.1f} MiB, "
+              f"{memory['per_key']:.0f} bytes per key")
+        print(f"- new ids, c=32: {memory['empty_rps']:,.0f} req/s empty, {memory['full_rps']:,.0f} req/s full "
+              f"({memory['full_rps'] / memory['empty_rps']:.2f}x)")
+    print("\n## Exactly once\n")
+    bad = {c: n for c, n in doubled.items() if n and c != "nginx-lua"}
+    for c, n in sorted(doubled.items()):
+        print(f"- {c}: {n} id(s) reached the upstream more than once")
+    if bad:
+        sys.exit(f"FAIL: a dedup-gateway contestant delivered an id twice: {bad}")
+
+
+if __name__ == "__main__":
+    main()

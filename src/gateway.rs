@@ -42,6 +42,9 @@ pub struct Gateway {
     /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
     pub reloader: OnceLock<Arc<Reloader>>,
     draining: AtomicBool,
+    /// Worker threads still starting (opening their store connections): not ready
+    /// until every one serves.
+    pub workers_starting: AtomicUsize,
     /// When the store last answered a ping (Unix ms); 0 = never.
     store_ok_ms: AtomicU64,
 }
@@ -72,6 +75,7 @@ impl Gateway {
             orphan_releases: AtomicUsize::new(0),
             reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
+            workers_starting: AtomicUsize::new(config.server.workers),
             store_ok_ms: AtomicU64::new(0),
         })
     }
@@ -89,6 +93,7 @@ impl Gateway {
     pub fn is_ready(&self) -> bool {
         let last = self.store_ok_ms.load(Ordering::Relaxed);
         !self.draining.load(Ordering::SeqCst)
+            && self.workers_starting.load(Ordering::SeqCst) == 0
             && last != 0
             && unix_ms().saturating_sub(last) <= READY_WINDOW.as_millis() as u64
     }

@@ -142,7 +142,9 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The coordinator: the admin listener, store checks and the drain. The proxy runs on
+    // worker threads of its own (`server::run`).
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let stop = Stop::listen().context("cannot listen for SIGTERM/SIGINT")?;
         if let Backend::Redis { target, .. } = &config.store.backend
@@ -162,14 +164,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         let reloader = Arc::new(Reloader::new(path.to_path_buf(), config.clone()));
         let _ = gw.reloader.set(Arc::clone(&reloader));
         reloader.reload_on_sighup(Arc::clone(&gw));
-        let admin = listeners.admin.as_ref().and_then(|l| l.local_addr().ok());
-        tracing::info!(
-            listen = %listeners.proxy_addr()?,
-            admin = %admin.map_or_else(|| "off".to_owned(), |a| a.to_string()),
-            routes = config.routes.len(),
-            version = env!("CARGO_PKG_VERSION"),
-            "dedup-gateway serving"
-        );
+        // `run` logs "dedup-gateway serving" once every worker is up.
         dedup_gateway::run(gw, config.server.clone(), listeners, stop.signalled()).await;
         Ok(ExitCode::SUCCESS)
     })

@@ -50,6 +50,15 @@ impl Routes {
             .find(|route| route.config.name == name)
     }
 
+    /// How many routes this table has.
+    pub fn len(&self) -> usize {
+        self.exact.len() + self.prefixes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
         self.exact.get(path).or_else(|| {
             self.prefixes

@@ -18,6 +18,7 @@ use crate::admin;
 use crate::config::ServerConfig;
 use crate::conn::{self, Protocols};
 use crate::gateway::Gateway;
+use crate::store::Store as _;
 
 /// The sockets the gateway serves on, bound before anything runs (tests bind port 0):
 /// one proxy socket per worker, all on the same port (`SO_REUSEPORT`: the kernel spreads
@@ -71,6 +72,8 @@ const RELEASE_BUDGET: Duration = Duration::from_secs(2);
 /// thread, with no wake-ups across threads. The caller's runtime coordinates: it runs
 /// the admin listener, the store checks and the drain.
 pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, shutdown: impl Future<Output = ()>) {
+    let listen = listeners.proxy_addr().ok();
+    let admin = listeners.admin.as_ref().and_then(|l| l.local_addr().ok());
     gw.check_store().await;
     gw.spawn_store_checks();
     if let Some(admin) = listeners.admin {
@@ -92,18 +95,39 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
     // Workers accept until `accepting` is cancelled, then stay up (serving what they
     // have) until `exit` is.
     let (accepting, exit) = (CancellationToken::new(), CancellationToken::new());
+    let (started, mut all_started) = tokio::sync::mpsc::unbounded_channel::<()>();
     let workers: Vec<_> = listeners
         .proxy
         .into_iter()
         .enumerate()
         .map(|(i, listener)| {
             let (gw, protocols, connections) = (Arc::clone(&gw), Arc::clone(&protocols), connections.clone());
-            let (accepting, exit) = (accepting.clone(), exit.clone());
-            std::thread::Builder::new()
-                .name(format!("worker-{i}"))
-                .spawn(move || worker(gw, protocols, connections, listener, accepting, exit))
+            let (accepting, exit, started) = (accepting.clone(), exit.clone(), started.clone());
+            std::thread::Builder::new().name(format!("worker-{i}")).spawn(move || {
+                worker(
+                    gw,
+                    protocols,
+                    connections,
+                    listener,
+                    Signals {
+                        started,
+                        accepting,
+                        exit,
+                    },
+                )
+            })
         })
         .collect();
+    drop(started);
+    while all_started.recv().await.is_some() {} // every worker is serving (or gave up)
+    tracing::info!(
+        listen = %listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
+        admin = %admin.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+        workers = workers.len(),
+        routes = gw.routes.load().len(),
+        version = env!("CARGO_PKG_VERSION"),
+        "dedup-gateway serving"
+    );
 
     shutdown.await;
     gw.start_draining();
@@ -122,15 +146,29 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
     }
 }
 
+/// How the coordinator and a worker tell each other where they are.
+struct Signals {
+    /// Dropped (or sent on) once the worker serves, or gave up.
+    started: tokio::sync::mpsc::UnboundedSender<()>,
+    /// Cancelled when the worker must stop accepting.
+    accepting: CancellationToken,
+    /// Cancelled when the worker may exit (the drain is over).
+    exit: CancellationToken,
+}
+
 /// One worker thread: a single-threaded runtime serving one listener.
 fn worker(
     gw: Arc<Gateway>,
     protocols: Arc<Protocols>,
     connections: TaskTracker,
     listener: std::net::TcpListener,
-    accepting: CancellationToken,
-    exit: CancellationToken,
+    signals: Signals,
 ) {
+    let Signals {
+        started,
+        accepting,
+        exit,
+    } = signals;
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -149,6 +187,9 @@ fn worker(
                 return;
             }
         };
+        gw.store.prepare_thread().await;
+        gw.workers_starting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        drop(started);
         tokio::select! {
             () = accept_loop(&gw, &protocols, &connections, &listener) => {}
             () = accepting.cancelled() => {}

@@ -349,9 +349,10 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
     })
 }
 
-/// Redis connections per gateway. Each carries any number of concurrent calls
-/// (pipelined), so a few suffice; more lanes mean smaller batches per write.
-pub const DEFAULT_POOL_SIZE: u64 = 4;
+/// Redis connections per worker thread. Each carries any number of concurrent calls
+/// (pipelined): one per worker batches best (measured, 2 workers, new ids: 1 -> 40-50
+/// us CPU per request, 4 -> 64-70).
+pub const DEFAULT_POOL_SIZE: u64 = 1;
 
 /// The smallest `max_bytes` accepted: a bound that holds almost nothing is a mistake.
 const MIN_MAX_BYTES: u64 = 64 << 10;

@@ -230,6 +230,11 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Opens what this thread will use (each worker calls it as it starts).
+    fn prepare_thread(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Bytes held as `max_bytes` counts them, for stores that bound it (memory).
     fn bytes(&self) -> Option<u64> {
         None
@@ -299,6 +304,12 @@ impl Store for AnyStore {
 
     fn entries(&self) -> Option<usize> {
         each_backend!(self, s => s.entries())
+    }
+
+    async fn prepare_thread(&self) {
+        if let AnyStore::Redis(s) = self {
+            s.prepare_thread().await;
+        }
     }
 
     fn bytes(&self) -> Option<u64> {

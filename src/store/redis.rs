@@ -14,9 +14,10 @@
 //! broke at the transport, or when Redis answered that it cannot take writes (a demoted
 //! primary after a failover): see [`Failure`].
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -52,7 +53,10 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 pub struct RedisStore {
-    conns: Connections,
+    /// Identifies this store's connections in each thread's [`LOCAL`] list.
+    id: u64,
+    kind: Kind,
+    pool_size: usize,
     /// Readiness has a connection of its own: it must answer for the store, not queue
     /// behind (or be dropped with) a traffic connection.
     health: Connections,
@@ -140,6 +144,23 @@ impl Failure {
         }
     }
 }
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Standalone,
+    Cluster,
+}
+
+thread_local! {
+    /// This thread's traffic connections, per store (a process has one; tests have
+    /// many). Each worker thread has its own: a multiplexed connection is driven by a
+    /// task on the runtime that opened it, so sharing one across workers would cost a
+    /// wake-up of another thread on every call, both ways.
+    static LOCAL: RefCell<Vec<(u64, Arc<Connections>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Numbers stores for [`LOCAL`].
+static NEXT_STORE: AtomicU64 = AtomicU64::new(0);
 
 /// The connections of one kind, used in turn.
 enum Connections {
@@ -245,11 +266,11 @@ impl Call<'_> {
 }
 
 impl Connections {
-    fn new(target: &RedisTarget, size: usize) -> Self {
-        match target {
-            RedisTarget::Standalone(_) => Connections::Standalone(Lanes::new(size)),
+    fn new(kind: Kind, size: usize) -> Self {
+        match kind {
+            Kind::Standalone => Connections::Standalone(Lanes::new(size)),
             // The cluster connection multiplexes over every node by itself: one suffices.
-            RedisTarget::Cluster(_) => Connections::Cluster(Lanes::new(1)),
+            Kind::Cluster => Connections::Cluster(Lanes::new(1)),
         }
     }
 
@@ -342,9 +363,15 @@ impl RedisStore {
         key_prefix: &str,
     ) -> Result<Self, StoreError> {
         let connector = Connector::new(target, timeout)?;
+        let kind = match target {
+            RedisTarget::Standalone(_) => Kind::Standalone,
+            RedisTarget::Cluster(_) => Kind::Cluster,
+        };
         let store = RedisStore {
-            conns: Connections::new(target, pool_size),
-            health: Connections::new(target, 1),
+            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            kind,
+            pool_size,
+            health: Connections::new(kind, 1),
             health_key: format!("{key_prefix}__readyz"),
             timeout,
             connector,
@@ -352,12 +379,35 @@ impl RedisStore {
         for url in target.urls() {
             check_server(url, timeout).await?;
         }
-        // Every connection now, in turn: a lane must not have to connect in the middle
-        // of a burst (nor find out only then that it cannot).
-        for _ in 0..store.conns.len() {
-            store.load_scripts().await?;
-        }
+        store.load_scripts().await?;
+        store.prepare_thread().await;
         Ok(store)
+    }
+
+    /// This thread's traffic connections (opened on first use, on this thread).
+    fn conns(&self) -> Arc<Connections> {
+        LOCAL.with_borrow_mut(|all| {
+            if let Some((_, conns)) = all.iter().find(|(id, _)| *id == self.id) {
+                return Arc::clone(conns);
+            }
+            let conns = Arc::new(Connections::new(self.kind, self.pool_size));
+            all.push((self.id, Arc::clone(&conns)));
+            conns
+        })
+    }
+
+    /// Opens this thread's connections now (each worker does as it starts): a lane
+    /// must not have to connect in the middle of a burst. A failure here is only
+    /// logged; the calls connect again and report it.
+    pub async fn prepare_thread(&self) {
+        let conns = self.conns();
+        for _ in 0..conns.len() {
+            let cmd = redis::cmd("PING");
+            if let Err(error) = self.call::<redis::Value>(&conns, Call::Cmd(&cmd)).await {
+                tracing::warn!(%error, "cannot open a redis connection yet");
+                return;
+            }
+        }
     }
 
     /// Loads the scripts up front (on every primary of a cluster), so the first
@@ -369,7 +419,7 @@ impl RedisStore {
         for code in [COMPLETE_LUA, RELEASE_LUA] {
             load.cmd("SCRIPT").arg("LOAD").arg(code);
         }
-        self.call::<redis::Value>(&self.conns, Call::Pipe(&load))
+        self.call::<redis::Value>(&self.conns(), Call::Pipe(&load))
             .await
             .map(drop)
     }
@@ -587,7 +637,7 @@ impl Store for RedisStore {
             .arg("PX")
             .arg(millis(ttl))
             .arg("GET");
-        let previous: Option<Vec<u8>> = self.call(&self.conns, Call::Cmd(&cmd)).await?;
+        let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd(&cmd)).await?;
         match previous {
             None => Ok(Claim::Claimed),
             Some(raw) => parse_marker(&raw).map(Claim::Found),
@@ -601,21 +651,21 @@ impl Store for RedisStore {
             .arg(token_prefix(token))
             .arg(completed_value(&completion))
             .arg(millis(completion.ttl));
-        let done: i64 = self.call(&self.conns, Call::Script(&invocation)).await?;
+        let done: i64 = self.call(&self.conns(), Call::Script(&invocation)).await?;
         Ok(done == 1)
     }
 
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let mut invocation = RELEASE.prepare_invoke();
         invocation.key(key).arg(token_prefix(token));
-        let deleted: i64 = self.call(&self.conns, Call::Script(&invocation)).await?;
+        let deleted: i64 = self.call(&self.conns(), Call::Script(&invocation)).await?;
         Ok(deleted == 1)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(key);
-        let raw: Option<Vec<u8>> = self.call(&self.conns, Call::Cmd(&cmd)).await?;
+        let raw: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd(&cmd)).await?;
         raw.map(|raw| parse_marker(&raw)).transpose()
     }
 
@@ -670,7 +720,7 @@ impl RedisStore {
     async fn inspect_key(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
         let mut invocation = INSPECT.prepare_invoke();
         invocation.key(key);
-        let (raw, pttl): (Option<Vec<u8>>, i64) = self.call(&self.conns, Call::Script(&invocation)).await?;
+        let (raw, pttl): (Option<Vec<u8>>, i64) = self.call(&self.conns(), Call::Script(&invocation)).await?;
         let Some(raw) = raw else { return Ok(None) };
         let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(Some(match parse_marker(&raw)? {
@@ -698,7 +748,7 @@ impl RedisStore {
             .key(key)
             .arg(PROCESSING_PREFIX)
             .arg(if force { "1" } else { "0" });
-        let outcome: i64 = self.call(&self.conns, Call::Script(&invocation)).await?;
+        let outcome: i64 = self.call(&self.conns(), Call::Script(&invocation)).await?;
         Ok(match outcome {
             1 => Forgotten::Deleted(KeyState::Completed),
             2 => Forgotten::Refused,

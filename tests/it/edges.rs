@@ -27,7 +27,8 @@ async fn a_sender_hanging_up_while_the_claim_is_on_its_way_leaves_no_orphan() {
     let upstream = Upstream::ok().await;
     let cfg = redis_cfg(&proxy.url()).route("on_in_flight = \"conflict\"");
     let gw = TestGateway::start(&cfg, &upstream).await;
-
+    // Ready: every worker has its Redis connection (replies held from here on).
+    eventually_ready(&Client::http1(gw.admin.expect("admin")), 200).await;
     proxy.hold();
     let body = msg("late-reply");
     let mut sender = TcpStream::connect(gw.addr).await.expect("connect");

@@ -321,6 +321,11 @@ impl TestGateway {
                 let _ = rx.await;
             },
         ));
+        // Serving once every worker has opened its store connections.
+        eventually("the gateway's workers to start", || {
+            gw.workers_starting.load(std::sync::atomic::Ordering::SeqCst) == 0
+        })
+        .await;
         TestGateway {
             addr,
             admin,

@@ -36,7 +36,10 @@ pub struct Gateway {
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace ends: owners still running release and stop.
+    /// Requests wait on [`Gateway::abandoned`], a per-thread child of it.
     pub abandon: CancellationToken,
+    /// Tells this gateway's per-thread state from another's (tests run several).
+    id: u64,
     /// Background releases of claims that may have landed (see `dedup::release_orphan`).
     pub orphan_releases: AtomicUsize,
     /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
@@ -47,6 +50,15 @@ pub struct Gateway {
     pub workers_starting: AtomicUsize,
     /// When the store last answered a ping (Unix ms); 0 = never.
     store_ok_ms: AtomicU64,
+}
+
+/// Numbers gateways for their per-thread state.
+static NEXT_GATEWAY: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Per gateway, this thread's child of its `abandon` token: waiting on the shared
+    /// token would make every request of every worker register with one mutex.
+    static ABANDON: std::cell::RefCell<Vec<(u64, CancellationToken)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// How fresh the last successful store ping must be for `/readyz`.
@@ -72,6 +84,7 @@ impl Gateway {
             admin_token: config.server.admin_token.clone(),
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
+            id: NEXT_GATEWAY.fetch_add(1, Ordering::Relaxed),
             orphan_releases: AtomicUsize::new(0),
             reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
@@ -84,6 +97,18 @@ impl Gateway {
     /// with the old ones.
     pub fn swap_routes(&self, config: &Config) {
         self.routes.store(Arc::new(Routes::new(&config.routes, &self.metrics)));
+    }
+
+    /// The `abandon` token as this thread sees it (cancelled with it).
+    pub fn abandoned(&self) -> CancellationToken {
+        ABANDON.with_borrow_mut(|tokens| {
+            if let Some((_, token)) = tokens.iter().find(|(id, _)| *id == self.id) {
+                return token.clone();
+            }
+            let token = self.abandon.child_token();
+            tokens.push((self.id, token.clone()));
+            token
+        })
     }
 
     pub fn start_draining(&self) {

@@ -81,7 +81,7 @@ impl Outcome {
 }
 
 /// The name of the status header every answer on a route carries.
-pub const STATUS_HEADER: &str = "x-dedup-status";
+pub static STATUS_HEADER: http::HeaderName = http::HeaderName::from_static("x-dedup-status");
 
 #[cfg(test)]
 mod tests {

@@ -168,7 +168,7 @@ impl Task {
                     }
                     tokio::select! {
                         () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
-                        () = gw.abandon.cancelled() => return Err(GatewayError::Abandoned),
+                        () = gw.abandoned().cancelled_owned() => return Err(GatewayError::Abandoned),
                     }
                     waits += 1;
                 }

@@ -27,7 +27,7 @@ pub(super) async fn forward(task: &Task, req: Request) -> Result<Answer, Gateway
     let deadline = Instant::now() + owner.route.config.policy.upstream_timeout;
     let result = tokio::select! {
         biased;
-        () = owner.gw.abandon.cancelled() => return owner.abandon().await,
+        () = owner.gw.abandoned().cancelled_owned() => return owner.abandon().await,
         result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer) => result,
     };
     match result {
@@ -75,7 +75,7 @@ impl Owner<'_> {
                 biased;
                 // Shutting down mid-body: the work is done, so complete rather than leave
                 // PROCESSING for a later retry to deliver again.
-                () = self.gw.abandon.cancelled() => return self.complete_then(Err(GatewayError::Abandoned)).await,
+                () = self.gw.abandoned().cancelled_owned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
                 captured = tokio::time::timeout_at(deadline, capture(response)) => captured,
             };
             match captured {

@@ -153,6 +153,39 @@ async fn ambiguous_framing_gets_400_and_a_closed_connection() {
     assert_eq!(upstream.count(), 0);
 }
 
+/// A Content-Length line longer than 1 KiB (leading zeros are valid digits) must not
+/// throw the framing guard off: the guard skips exactly the body hyper reads, so the
+/// pipelined request after it, framed by both fields, still gets its 400. (The guard
+/// before it truncated header lines at 1 KiB, read this length as 0, took the body for
+/// the next head and skipped the smuggled one: the upstream got both requests.)
+#[tokio::test]
+async fn a_long_content_length_line_does_not_let_a_smuggled_request_through() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new(), &upstream).await;
+    let smuggled = msg("smuggled");
+    let chunked = format!("{:x}\r\n{smuggled}\r\n0\r\n\r\n", smuggled.len());
+    let second = format!(
+        "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}",
+        smuggled.len()
+    );
+    // A body that reads as a request head whose length covers the second request.
+    let decoy = format!(
+        "GET /decoy HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n",
+        second.len()
+    );
+    let length = format!("{}{}", "0".repeat(1100), decoy.len());
+    let request = format!("POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {length}\r\n\r\n{decoy}{second}");
+    let answer = raw(gw.addr, request.as_bytes()).await;
+    let statuses: Vec<&str> = answer
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &answer[i + 9..i + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "400"], "{answer}");
+    let received = upstream.received();
+    assert_eq!(received.len(), 1, "only the first request reaches the upstream");
+    assert_eq!(received[0].body, decoy.as_bytes());
+}
+
 #[tokio::test]
 async fn header_timeout_cuts_off_slow_silent_and_idle_clients() {
     let upstream = Upstream::ok().await;

@@ -6,6 +6,7 @@ mod conventions;
 mod dedup;
 mod edges;
 mod forwarded;
+mod model;
 mod ops;
 mod process;
 mod prometheus;

@@ -1,6 +1,8 @@
 -- wrk script: POSTs {"msgId":"<prefix>-<thread>-<n>"}; a share of the requests repeats
 -- one of the thread's last 64 ids (so duplicates meet both in-flight and completed
--- markers). Ids are unique across threads and, with a fresh prefix, across runs.
+-- markers). Ids are unique across threads and, with a fresh prefix, across runs. The id
+-- also goes in an X-Msg-Id header, which the upstream logs cheaply (the proxies pass
+-- headers on unchanged; nothing keys on it).
 --   wrk -s bench/post.lua URL -- PREFIX SHARE        (SHARE: 0 = all unique, 0.5 = half)
 local threads = 0
 
@@ -27,7 +29,7 @@ function request()
     id = prefix .. "-" .. tid .. "-" .. n
     recent[(n - 1) % 64 + 1] = id
   end
-  return wrk.format("POST", nil, nil, '{"msgId":"' .. id .. '","text":"hello"}')
+  return wrk.format("POST", nil, { ["X-Msg-Id"] = id }, '{"msgId":"' .. id .. '","text":"hello"}')
 end
 
 function done(summary, latency, requests)

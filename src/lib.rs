@@ -34,6 +34,7 @@ pub mod gateway;
 pub mod handler;
 pub mod metrics;
 pub mod outcome;
+pub mod pool;
 pub mod proxy;
 pub mod reload;
 pub mod routing;

@@ -9,11 +9,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::Body;
+use crate::pool::{self, SendError};
 
 /// Where a route forwards to: scheme and authority; the path comes from the request.
 #[derive(Clone, Debug)]
@@ -57,7 +55,7 @@ impl std::fmt::Display for Target {
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("upstream unreachable: {0}")]
-    Connect(#[source] hyper_util::client::legacy::Error),
+    Connect(#[source] SendError),
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
     #[error("invalid upstream request: {0}")]
@@ -66,36 +64,24 @@ pub enum UpstreamError {
     Body(#[source] hyper::Error),
 }
 
-/// The pooled upstream client. One pool per worker thread: a connection to the
-/// upstream is driven by the runtime that opened it, so a request served by one worker
-/// must not borrow another worker's connection (each use would wake the other thread).
+/// The upstream client: kept-alive connections per worker thread ([`pool`]).
 #[derive(Clone, Copy, Default)]
 pub struct Upstream;
-
-thread_local! {
-    static CLIENT: Client<HttpConnector, Body> = client();
-}
-
-fn client() -> Client<HttpConnector, Body> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
-        // Without a timer the idle timeout never fires and dead sockets pile up.
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build(connector)
-}
 
 impl Upstream {
     pub fn new() -> Self {
         Upstream
     }
 
-    /// Sends a request and waits at most `timeout` for the response head.
-    pub async fn send(&self, request: Request<Body>, timeout: Duration) -> Result<Response<Incoming>, UpstreamError> {
-        let client = CLIENT.with(Client::clone);
-        match tokio::time::timeout(timeout, client.request(request)).await {
+    /// Sends a request (origin-form URI, Host set) to `authority` and waits at most
+    /// `timeout` for the response head.
+    pub async fn send(
+        &self,
+        authority: &Authority,
+        request: Request<Body>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(timeout, pool::send(authority, request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Connect(e)),
             Err(_) => Err(UpstreamError::Timeout(timeout)),
@@ -114,12 +100,7 @@ pub struct Peer {
 /// Rewrites a received request for the upstream: same method, path, query and body;
 /// hop-by-hop headers removed; `X-Forwarded-For` appended, `-Proto` / `-Host` set
 /// (kept as they came from a trusted front proxy).
-pub fn upstream_request(
-    mut head: http::request::Parts,
-    body: Body,
-    target: &Target,
-    peer: Peer,
-) -> Result<Request<Body>, http::Error> {
+pub fn upstream_request(mut head: http::request::Parts, body: Body, target: &Target, peer: Peer) -> Request<Body> {
     let path = head
         .uri
         .path_and_query()
@@ -133,11 +114,7 @@ pub fn upstream_request(
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
     };
-    head.uri = Uri::builder()
-        .scheme(target.scheme.clone())
-        .authority(target.authority.clone())
-        .path_and_query(path)
-        .build()?;
+    head.uri = Uri::from(path);
     head.version = Version::HTTP_11;
     let headers = &mut head.headers;
     strip_hop_by_hop(headers);
@@ -151,10 +128,16 @@ pub fn upstream_request(
             headers.insert(&X_FORWARDED_HOST, host.clone());
         }
         headers.insert(header::HOST, host);
-    } else if !peer.trusted {
-        headers.remove(&X_FORWARDED_HOST);
+    } else {
+        if !peer.trusted {
+            headers.remove(&X_FORWARDED_HOST);
+        }
+        // HTTP/1.1 requires a Host: the upstream's own, as a client would send.
+        if let Ok(host) = HeaderValue::from_str(target.authority.as_str()) {
+            headers.insert(header::HOST, host);
+        }
     }
-    Ok(Request::from_parts(head, body))
+    Request::from_parts(head, body)
 }
 
 /// Prepares an upstream response for the sender: hop-by-hop headers removed.
@@ -258,8 +241,9 @@ mod tests {
             .body(())
             .expect("request");
         let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
-        assert_eq!(out.uri(), "http://127.0.0.1:5000/api/v1/webhook?a=1");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        // Origin-form: the connection is already the upstream's.
+        assert_eq!(out.uri(), "/api/v1/webhook?a=1");
         let h = out.headers();
         for gone in ["connection", "x-secret-hop", "keep-alive", "te"] {
             assert!(!h.contains_key(gone), "{gone} must be stripped");
@@ -288,7 +272,7 @@ mod tests {
         let target = Target::parse("http://127.0.0.1:5000").expect("target");
         for trusted in [false, true] {
             let peer = Peer { trusted, ..peer() };
-            let out = upstream_request(req(), Body::empty(), &target, peer).expect("rewrite");
+            let out = upstream_request(req(), Body::empty(), &target, peer);
             let h = out.headers();
             assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
             assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.2, 198.51.100.7, 10.1.2.3");
@@ -310,7 +294,7 @@ mod tests {
             trusted: true,
             ..peer()
         };
-        let out = upstream_request(bare.into_parts().0, Body::empty(), &target, peer).expect("rewrite");
+        let out = upstream_request(bare.into_parts().0, Body::empty(), &target, peer);
         assert_eq!(out.headers()["x-forwarded-proto"], "http");
         assert_eq!(out.headers()["x-forwarded-host"], "gw.example");
     }
@@ -322,9 +306,22 @@ mod tests {
             .body(())
             .expect("request");
         let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer()).expect("rewrite");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
         assert_eq!(out.version(), Version::HTTP_11);
         assert_eq!(out.headers()["host"], "gw.example:8080");
         assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");
+    }
+
+    #[test]
+    fn a_request_without_host_gets_the_upstreams() {
+        let req = Request::post("/hook")
+            .version(Version::HTTP_10)
+            .header("x-forwarded-host", "forged.example")
+            .body(())
+            .expect("request");
+        let target = Target::parse("http://127.0.0.1:5000").expect("target");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        assert_eq!(out.headers()["host"], "127.0.0.1:5000");
+        assert!(!out.headers().contains_key("x-forwarded-host"));
     }
 }

@@ -65,7 +65,13 @@ pub async fn key_request(
     if uri.scheme_str() != Some("http") || uri.authority().is_none() {
         return Err(ClientError::Url(admin.to_owned()));
     }
-    let mut request = Request::builder().method(method).uri(uri);
+    let (Some(authority), Some(path)) = (uri.authority().cloned(), uri.path_and_query().cloned()) else {
+        return Err(ClientError::Url(admin.to_owned()));
+    };
+    let mut request = Request::builder()
+        .method(method)
+        .uri(Uri::from(path))
+        .header(header::HOST, authority.as_str());
     if let Some(token) = token {
         request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
@@ -74,7 +80,7 @@ pub async fn key_request(
         source: UpstreamError::Request(e),
     })?;
     let response = Upstream::new()
-        .send(request, Duration::from_secs(10))
+        .send(&authority, request, Duration::from_secs(10))
         .await
         .map_err(|source| ClientError::Request {
             url: base.to_owned(),

@@ -304,9 +304,16 @@ pub async fn send(
     body: Body,
     peer: Peer,
 ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
-    let request = proxy::upstream_request(head, body, &route.config.upstream, peer)?;
+    let request = proxy::upstream_request(head, body, &route.config.upstream, peer);
     let started = Instant::now();
-    let result = gw.upstream.send(request, route.config.policy.upstream_timeout).await;
+    let result = gw
+        .upstream
+        .send(
+            &route.config.upstream.authority,
+            request,
+            route.config.policy.upstream_timeout,
+        )
+        .await;
     let class = match &result {
         Ok(response) => UpstreamClass::of_status(response.status()),
         Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,

@@ -270,3 +270,105 @@ async fn a_body_cut_off_midway_is_a_bad_request_not_a_rejection() {
     assert_eq!(upstream.count(), 0);
     assert_eq!(gw.metric(r#"dedup_store_duration_seconds_count{op="claim"}"#), 0.0);
 }
+
+/// A raw HTTP/1.1 upstream: on each connection it reads requests (heads with a
+/// Content-Length body), records each body, and answers `answers_per_connection` of
+/// them with a keep-alive `200 success` (no `Connection: close`, so the gateway keeps
+/// the connection); then it closes the socket, after reading one more request if
+/// `read_then_close` (a request that was written and may have been acted on).
+async fn closing_upstream(
+    answers_per_connection: usize,
+    read_then_close: bool,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let log = std::sync::Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for n in 0.. {
+                    let Some(body) = read_request(&mut stream, &mut buf).await else {
+                        return;
+                    };
+                    log.lock().expect("log").push(body);
+                    if n == answers_per_connection {
+                        return; // read_then_close: the request is in, and no answer comes
+                    }
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nsuccess";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    if n + 1 == answers_per_connection && !read_then_close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// Reads one request from `stream` (`buf` keeps what came after it) and returns its body.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().expect("content-length"));
+            if buf.len() >= end + 4 + length {
+                let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + length]).into_owned();
+                buf.drain(..end + 4 + length);
+                return Some(body);
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() {
+    let (url, seen) = closing_upstream(1, false).await;
+    let toml = Cfg::new().server("workers = 1").toml(&url);
+    let gw = TestGateway::start_toml(&toml).await;
+    let client = gw.client();
+    for i in 0..30 {
+        let r = client.post("/hook", &msg(&format!("kept-{i}"))).await;
+        assert_eq!(
+            (r.status.as_u16(), r.dedup()),
+            (200, "forwarded"),
+            "request {i}: {}",
+            r.body
+        );
+    }
+    let seen = seen.lock().expect("log").clone();
+    let expected: Vec<String> = (0..30).map(|i| msg(&format!("kept-{i}"))).collect();
+    assert_eq!(seen, expected, "each message reached the upstream once, in order");
+}
+
+#[tokio::test]
+async fn a_request_the_upstream_read_before_closing_is_never_sent_again() {
+    // The first request on each connection is answered; the second is read, then the
+    // connection closes without an answer. It may have been acted on: 502, not a resend.
+    let (url, seen) = closing_upstream(1, true).await;
+    let toml = Cfg::new().server("workers = 1").toml(&url);
+    let gw = TestGateway::start_toml(&toml).await;
+    let client = gw.client();
+    let first = client.post("/hook", &msg("answered")).await;
+    assert_eq!((first.status.as_u16(), first.dedup()), (200, "forwarded"));
+    let second = client.post("/hook", &msg("read-then-closed")).await;
+    assert_eq!(second.status.as_u16(), 502, "{}", second.body);
+    let seen = seen.lock().expect("log").clone();
+    assert_eq!(seen, vec![msg("answered"), msg("read-then-closed")]);
+    // The claim was released: the sender's retry is forwarded (on a fresh connection).
+    let retry = client.post("/hook", &msg("read-then-closed")).await;
+    assert_eq!((retry.status.as_u16(), retry.dedup()), (200, "forwarded"));
+}

@@ -75,9 +75,10 @@ pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<R
     }
 }
 
-/// The most recently returned connection that can take a request now. Closed and
-/// expired ones are dropped on the way; busy ones (a response body still being read)
-/// stay.
+/// The most recently returned connection that can take a request now. Closed ones
+/// are dropped on the way; busy ones (a response body still being read) stay. (Expiry
+/// is [`checkin`]'s and the sweep's: the oldest sit at the front, which this rarely
+/// reaches.)
 fn checkout(authority: &Authority) -> Option<SendRequest<Body>> {
     POOL.with_borrow_mut(|pool| {
         let idle = pool.idle(authority)?;

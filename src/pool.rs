@@ -18,9 +18,14 @@ use tokio::time::Instant;
 use crate::body::Body;
 
 /// An unused connection older than this is closed rather than reused (upstreams
-/// commonly close theirs after 60-75 s; reusing one they are closing loses the request
-/// to a race the retry rule below cannot always see).
+/// commonly close theirs after 60-75 s).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(55);
+/// A connection unused for this long is checked for a close from the upstream before
+/// it is reused. Servers close idle connections after a second or more, and the
+/// connection's task may not have run since that close arrived: a request written into
+/// it is lost to the upstream, and the sender gets a 502 for nothing. Connections in
+/// steady use are reused sooner and skip the check (a system call).
+pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a request got no response head.
@@ -34,9 +39,16 @@ pub enum SendError {
     Http(#[source] hyper::Error),
 }
 
+/// An open connection: hyper's handle, and a second handle on its socket to look for
+/// the upstream's close without taking bytes from hyper.
+struct Conn {
+    sender: SendRequest<Body>,
+    probe: std::net::TcpStream,
+}
+
 /// A connection back in the pool, with when it came back.
 struct Idle {
-    sender: SendRequest<Body>,
+    conn: Conn,
     since: Instant,
 }
 
@@ -44,7 +56,7 @@ struct Idle {
 #[derive(Default)]
 struct Pool {
     upstreams: Vec<(Authority, VecDeque<Idle>)>,
-    /// Whether this thread's runtime runs [`sweep`].
+    /// Whether this thread's runtime runs [`start_sweeping`]'s task.
     sweeping: bool,
 }
 
@@ -58,13 +70,13 @@ thread_local! {
 /// it was written it is never sent again: the upstream may have acted on it.
 pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<Response<Incoming>, SendError> {
     loop {
-        let (mut sender, reused) = match checkout(authority) {
-            Some(sender) => (sender, true),
+        let (mut conn, reused) = match checkout(authority) {
+            Some(conn) => (conn, true),
             None => (connect(authority).await?, false),
         };
-        match sender.try_send_request(request).await {
+        match conn.sender.try_send_request(request).await {
             Ok(response) => {
-                checkin(authority, sender);
+                checkin(authority, conn);
                 return Ok(response);
             }
             Err(mut e) => match e.take_message() {
@@ -75,30 +87,46 @@ pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<R
     }
 }
 
-/// The most recently returned connection that can take a request now. Closed ones
-/// are dropped on the way; busy ones (a response body still being read) stay. (Expiry
-/// is [`checkin`]'s and the sweep's: the oldest sit at the front, which this rarely
-/// reaches.)
-fn checkout(authority: &Authority) -> Option<SendRequest<Body>> {
+/// The most recently returned connection that can take a request now. Expired and
+/// closed ones are dropped on the way; busy ones (a response body still being read)
+/// stay.
+fn checkout(authority: &Authority) -> Option<Conn> {
+    let now = Instant::now();
     POOL.with_borrow_mut(|pool| {
         let idle = pool.idle(authority)?;
+        expire(idle, now);
         let mut i = idle.len();
         while i > 0 {
             i -= 1;
-            let conn = &idle[i];
-            if conn.sender.is_closed() {
+            let entry = &idle[i];
+            if entry.conn.sender.is_closed() {
                 idle.remove(i);
-            } else if conn.sender.is_ready() {
-                return idle.remove(i).map(|conn| conn.sender);
+            } else if entry.conn.sender.is_ready() {
+                let entry = idle.remove(i)?;
+                if now.duration_since(entry.since) < PROBE_AFTER || entry.conn.still_open() {
+                    return Some(entry.conn);
+                }
             }
         }
         None
     })
 }
 
+impl Conn {
+    /// False if the upstream closed the connection (or sent something unasked, which
+    /// only a server about to close does): a peek at the socket, which leaves any bytes
+    /// where hyper will read them.
+    fn still_open(&self) -> bool {
+        match self.probe.peek(&mut [0u8; 1]) {
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            Ok(_) => false,
+        }
+    }
+}
+
 /// Returns a connection after its response head came; it can take the next request
 /// once the body has been read. The oldest, unused for [`IDLE_TIMEOUT`], are closed.
-fn checkin(authority: &Authority, sender: SendRequest<Body>) {
+fn checkin(authority: &Authority, conn: Conn) {
     let now = Instant::now();
     POOL.with_borrow_mut(|pool| {
         let idle = match pool.idle(authority) {
@@ -109,7 +137,7 @@ fn checkin(authority: &Authority, sender: SendRequest<Body>) {
             }
         };
         expire(idle, now);
-        idle.push_back(Idle { sender, since: now });
+        idle.push_back(Idle { conn, since: now });
     });
 }
 
@@ -143,6 +171,16 @@ fn start_sweeping() {
     });
 }
 
+/// How many of this thread's connections to `authority` could take a request now
+/// (for tests, which must know a connection is reusable before they rely on it).
+#[doc(hidden)]
+pub fn ready_connections(authority: &Authority) -> usize {
+    POOL.with_borrow_mut(|pool| {
+        pool.idle(authority)
+            .map_or(0, |idle| idle.iter().filter(|c| c.conn.sender.is_ready()).count())
+    })
+}
+
 impl Pool {
     fn idle(&mut self, authority: &Authority) -> Option<&mut VecDeque<Idle>> {
         self.upstreams
@@ -153,15 +191,11 @@ impl Pool {
 }
 
 /// Opens a connection and starts the task that drives it.
-async fn connect(authority: &Authority) -> Result<SendRequest<Body>, SendError> {
-    let host = authority.host();
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    let port = authority.port_u16().unwrap_or(80);
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port))).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => return Err(SendError::Connect(authority.clone(), e)),
-        Err(_) => return Err(SendError::ConnectTimeout(authority.clone())),
-    };
+async fn connect(authority: &Authority) -> Result<Conn, SendError> {
+    let failed = |e| SendError::Connect(authority.clone(), e);
+    let stream = open(authority).await?.into_std().map_err(failed)?;
+    let probe = stream.try_clone().map_err(failed)?;
+    let stream = TcpStream::from_std(stream).map_err(failed)?;
     let _ = stream.set_nodelay(true);
     let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(SendError::Http)?;
     start_sweeping();
@@ -170,5 +204,34 @@ async fn connect(authority: &Authority) -> Result<SendRequest<Body>, SendError> 
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
     });
-    Ok(sender)
+    Ok(Conn { sender, probe })
+}
+
+/// Resolves the upstream's name (no lookup for an IP address) and tries its addresses
+/// in order, [`CONNECT_TIMEOUT`] shared among them, so one address that drops packets
+/// does not take all of it.
+async fn open(authority: &Authority) -> Result<TcpStream, SendError> {
+    let host = authority.host();
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let port = authority.port_u16().unwrap_or(80);
+    let failed = |e| SendError::Connect(authority.clone(), e);
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    let addrs: Vec<_> = tokio::time::timeout_at(deadline, tokio::net::lookup_host((host, port)))
+        .await
+        .map_err(|_| SendError::ConnectTimeout(authority.clone()))?
+        .map_err(failed)?
+        .collect();
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address");
+    for (i, addr) in addrs.iter().enumerate() {
+        let share = deadline.saturating_duration_since(Instant::now()) / u32::try_from(addrs.len() - i).unwrap_or(1);
+        match tokio::time::timeout(share, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{addr}: no answer")),
+        }
+    }
+    match last.kind() {
+        std::io::ErrorKind::TimedOut => Err(SendError::ConnectTimeout(authority.clone())),
+        _ => Err(failed(last)),
+    }
 }

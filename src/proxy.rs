@@ -34,6 +34,11 @@ impl Target {
                 "{text:?}: only http:// upstreams are supported (run the gateway next to the bot)"
             ));
         }
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "{text:?}: credentials in an upstream URL are not supported (they would be sent as the Host)"
+            ));
+        }
         if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
             return Err(format!(
                 "{text:?}: an upstream has no path; the request's path and query are forwarded unchanged"
@@ -225,6 +230,8 @@ mod tests {
         assert!(Target::parse("http://127.0.0.1:5000/base").is_err());
         assert!(Target::parse("https://example.com").is_err());
         assert!(Target::parse("127.0.0.1:5000").is_err());
+        let credentials = Target::parse("http://user:pw@127.0.0.1:5000").expect_err("credentials");
+        assert!(credentials.contains("credentials"), "{credentials}");
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub async fn key_request(
     };
     let url = format!("{base}/keys/{}/{}{query}", encode(route), encode(id));
     let uri: Uri = url.parse().map_err(|_| ClientError::Url(admin.to_owned()))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+    if uri.scheme_str() != Some("http") || uri.authority().is_none_or(|a| a.as_str().contains('@')) {
         return Err(ClientError::Url(admin.to_owned()));
     }
     let (Some(authority), Some(path)) = (uri.authority().cloned(), uri.path_and_query().cloned()) else {

@@ -8,6 +8,7 @@ mod edges;
 mod forwarded;
 mod model;
 mod ops;
+mod pool;
 mod process;
 mod prometheus;
 mod proxy;

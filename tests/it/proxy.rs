@@ -366,9 +366,20 @@ async fn a_request_the_upstream_read_before_closing_is_never_sent_again() {
     assert_eq!((first.status.as_u16(), first.dedup()), (200, "forwarded"));
     let second = client.post("/hook", &msg("read-then-closed")).await;
     assert_eq!(second.status.as_u16(), 502, "{}", second.body);
-    let seen = seen.lock().expect("log").clone();
-    assert_eq!(seen, vec![msg("answered"), msg("read-then-closed")]);
+    assert_eq!(
+        seen.lock().expect("log").clone(),
+        vec![msg("answered"), msg("read-then-closed")]
+    );
+    assert_eq!(
+        gw.metric(r#"dedup_upstream_responses_total{route="bot",class="error"}"#),
+        1.0
+    );
     // The claim was released: the sender's retry is forwarded (on a fresh connection).
     let retry = client.post("/hook", &msg("read-then-closed")).await;
     assert_eq!((retry.status.as_u16(), retry.dedup()), (200, "forwarded"));
+    let seen = seen.lock().expect("log").clone();
+    assert_eq!(
+        seen,
+        vec![msg("answered"), msg("read-then-closed"), msg("read-then-closed")]
+    );
 }

@@ -167,12 +167,16 @@ fn field<'a>(encoded: &'a [u8], name: &str) -> Result<Cow<'a, str>, Miss> {
         .and_then(non_empty)
 }
 
+/// Whether the media type is a form's. Only the part before `;` counts: a parameter
+/// with bytes beyond ASCII (which `to_str` refuses) does not make a form something else.
 fn is_form(head: &http::request::Parts) -> bool {
     head.headers
         .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+        .and_then(|v| v.as_bytes().split(|&b| b == b';').next())
+        .is_some_and(|mime| {
+            mime.trim_ascii()
+                .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
+        })
 }
 
 /// One entry of a route's `key` list: a source, or `a+b` parts that must all be present.
@@ -409,6 +413,23 @@ mod tests {
             vec!["form:msg_id: body is not application/x-www-form-urlencoded"]
         );
         assert_eq!(spec(&["body"]).derive(Input { head: &h, body: b"" }), Ok(None));
+        // Only the media type decides, whatever bytes its parameters carry (found by the
+        // key_extraction fuzz target: a non-ASCII charset made the form "not a form").
+        for content_type in [
+            "Application/X-WWW-Form-Urlencoded ; charset=utf-\u{e9}",
+            "\tapplication/x-www-form-urlencoded",
+        ] {
+            let h = head("/", &[("content-type", content_type)]);
+            let input = Input {
+                head: &h,
+                body: b"msg_id=1",
+            };
+            assert_eq!(
+                spec(&["form:msg_id"]).derive(input).map(|v| v.map(|v| v.into_owned())),
+                Ok(Some("1".to_owned())),
+                "{content_type:?}"
+            );
+        }
     }
 
     #[test]

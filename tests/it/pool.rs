@@ -2,8 +2,7 @@
 //! in a thread of its own, so a test decides exactly when the upstream closes a
 //! connection relative to what the pool has seen.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -14,7 +13,7 @@ use http::Request;
 use http::uri::Authority;
 use http_body_util::BodyExt;
 
-use crate::support::{eventually, within};
+use crate::support::{eventually, raw_listener, read_raw_request, within};
 
 const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n";
 
@@ -28,26 +27,6 @@ fn request(authority: &Authority, body: &'static str) -> Request<Body> {
         .expect("request")
 }
 
-/// Reads one Content-Length request from a blocking stream; `None` at EOF.
-fn read_request(stream: &mut TcpStream) -> Option<String> {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => buf.push(byte[0]),
-            _ => return None,
-        }
-    }
-    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().expect("content-length"));
-    let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).ok()?;
-    Some(String::from_utf8_lossy(&body).into_owned())
-}
-
 async fn read_body(response: http::Response<hyper::body::Incoming>) -> String {
     let bytes = within("the response body", response.into_body().collect())
         .await
@@ -58,13 +37,7 @@ async fn read_body(response: http::Response<hyper::body::Incoming>) -> String {
 
 #[tokio::test]
 async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_sees_it() {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let authority: Authority = listener
-        .local_addr()
-        .expect("addr")
-        .to_string()
-        .parse()
-        .expect("authority");
+    let (listener, authority) = raw_listener();
     let log: Log = Arc::default();
     let (close, closing) = mpsc::channel::<()>();
     let (closed, has_closed) = mpsc::channel::<()>();
@@ -72,7 +45,7 @@ async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_
     std::thread::spawn(move || {
         for n in 1..=2 {
             let (mut stream, _) = listener.accept().expect("accept");
-            let body = read_request(&mut stream).expect("a request");
+            let body = read_raw_request(&mut stream).expect("a request");
             seen.lock().expect("log").push((n, body));
             stream
                 .write_all(HEAD)
@@ -115,13 +88,7 @@ async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_
 
 #[tokio::test]
 async fn a_connection_whose_response_body_is_still_coming_is_not_lent_out() {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let authority: Authority = listener
-        .local_addr()
-        .expect("addr")
-        .to_string()
-        .parse()
-        .expect("authority");
+    let (listener, authority) = raw_listener();
     let log: Log = Arc::default();
     let accepted = Arc::new(AtomicUsize::new(0));
     let (finish, finishing) = mpsc::channel::<()>();
@@ -132,7 +99,7 @@ async fn a_connection_whose_response_body_is_still_coming_is_not_lent_out() {
             let n = count.fetch_add(1, Ordering::SeqCst) + 1;
             let (seen, finishing) = (Arc::clone(&seen), Arc::clone(&finishing));
             std::thread::spawn(move || {
-                while let Some(body) = read_request(&mut stream) {
+                while let Some(body) = read_raw_request(&mut stream) {
                     let slow = body == "slow";
                     seen.lock().expect("log").push((n, body));
                     stream.write_all(HEAD).expect("head");

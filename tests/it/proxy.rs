@@ -1,11 +1,13 @@
 //! The HTTP side: routing, pass-through, proxy headers, body limits, RFC 9112 framing,
 //! header timeout, and HTTP/2 (h2c) behaving as HTTP/1.1 does.
 
+use std::sync::{Arc, Mutex};
+
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{Cfg, Client, TestGateway, Upstream, msg, within};
+use crate::support::{Cfg, Client, TestGateway, Upstream, msg, raw_listener, read_raw_request, within};
 
 /// Writes raw bytes, sends nothing more, and reads everything the gateway answers
 /// until it closes the connection (which it must, for the test to finish).
@@ -276,21 +278,16 @@ async fn a_body_cut_off_midway_is_a_bad_request_not_a_rejection() {
 /// them with a keep-alive `200 success` (no `Connection: close`, so the gateway keeps
 /// the connection); then it closes the socket, after reading one more request if
 /// `read_then_close` (a request that was written and may have been acted on).
-async fn closing_upstream(
-    answers_per_connection: usize,
-    read_then_close: bool,
-) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = std::sync::Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let log = std::sync::Arc::clone(&log);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
+fn closing_upstream(answers_per_connection: usize, read_then_close: bool) -> (String, Arc<Mutex<Vec<String>>>) {
+    let (listener, authority) = raw_listener();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        while let Ok((mut stream, _)) = listener.accept() {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
                 for n in 0.. {
-                    let Some(body) = read_request(&mut stream, &mut buf).await else {
+                    let Some(body) = read_raw_request(&mut stream) else {
                         return;
                     };
                     log.lock().expect("log").push(body);
@@ -298,7 +295,7 @@ async fn closing_upstream(
                         return; // read_then_close: the request is in, and no answer comes
                     }
                     let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nsuccess";
-                    if stream.write_all(answer).await.is_err() {
+                    if std::io::Write::write_all(&mut stream, answer).is_err() {
                         return;
                     }
                     if n + 1 == answers_per_connection && !read_then_close {
@@ -308,35 +305,12 @@ async fn closing_upstream(
             });
         }
     });
-    (url, seen)
-}
-
-/// Reads one request from `stream` (`buf` keeps what came after it) and returns its body.
-async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let length: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().expect("content-length"));
-            if buf.len() >= end + 4 + length {
-                let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + length]).into_owned();
-                buf.drain(..end + 4 + length);
-                return Some(body);
-            }
-        }
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
+    (format!("http://{authority}"), seen)
 }
 
 #[tokio::test]
 async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() {
-    let (url, seen) = closing_upstream(1, false).await;
+    let (url, seen) = closing_upstream(1, false);
     let toml = Cfg::new().server("workers = 1").toml(&url);
     let gw = TestGateway::start_toml(&toml).await;
     let client = gw.client();
@@ -358,7 +332,7 @@ async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() 
 async fn a_request_the_upstream_read_before_closing_is_never_sent_again() {
     // The first request on each connection is answered; the second is read, then the
     // connection closes without an answer. It may have been acted on: 502, not a resend.
-    let (url, seen) = closing_upstream(1, true).await;
+    let (url, seen) = closing_upstream(1, true);
     let toml = Cfg::new().server("workers = 1").toml(&url);
     let gw = TestGateway::start_toml(&toml).await;
     let client = gw.client();

@@ -474,3 +474,40 @@ impl Client {
 pub fn msg(id: &str) -> String {
     format!("{{\"msgId\":\"{id}\",\"content\":\"hello\"}}")
 }
+
+// ---------------------------------------------------------------- raw upstreams
+
+/// A blocking listener on a free loopback port, for upstreams that must act at exact
+/// moments (threads of their own, unaffected by the test's runtime), and its authority.
+pub fn raw_listener() -> (std::net::TcpListener, http::uri::Authority) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let authority = listener
+        .local_addr()
+        .expect("addr")
+        .to_string()
+        .parse()
+        .expect("authority");
+    (listener, authority)
+}
+
+/// Reads one Content-Length request from a blocking stream and returns its body;
+/// `None` at EOF. Byte by byte, so nothing of a following request is taken.
+pub fn read_raw_request(stream: &mut std::net::TcpStream) -> Option<String> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => buf.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().expect("content-length"));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(String::from_utf8_lossy(&body).into_owned())
+}

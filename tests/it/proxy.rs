@@ -278,40 +278,57 @@ async fn a_body_cut_off_midway_is_a_bad_request_not_a_rejection() {
 /// them with a keep-alive `200 success` (no `Connection: close`, so the gateway keeps
 /// the connection); then it closes the socket, after reading one more request if
 /// `read_then_close` (a request that was written and may have been acted on).
-fn closing_upstream(answers_per_connection: usize, read_then_close: bool) -> (String, Arc<Mutex<Vec<String>>>) {
+/// `closed` counts the connections it has closed.
+fn closing_upstream(answers_per_connection: usize, read_then_close: bool) -> ClosingUpstream {
     let (listener, authority) = raw_listener();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = Arc::clone(&seen);
+    let upstream = ClosingUpstream {
+        url: format!("http://{authority}"),
+        seen: Arc::default(),
+        closed: Arc::default(),
+    };
+    let (log, closed) = (Arc::clone(&upstream.seen), Arc::clone(&upstream.closed));
     std::thread::spawn(move || {
-        while let Ok((mut stream, _)) = listener.accept() {
-            let log = Arc::clone(&log);
+        while let Ok((stream, _)) = listener.accept() {
+            let (log, closed) = (Arc::clone(&log), Arc::clone(&closed));
             std::thread::spawn(move || {
-                for n in 0.. {
-                    let Some(body) = read_raw_request(&mut stream) else {
-                        return;
-                    };
-                    log.lock().expect("log").push(body);
-                    if n == answers_per_connection {
-                        return; // read_then_close: the request is in, and no answer comes
-                    }
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nsuccess";
-                    if std::io::Write::write_all(&mut stream, answer).is_err() {
-                        return;
-                    }
-                    if n + 1 == answers_per_connection && !read_then_close {
-                        return;
-                    }
-                }
+                serve_then_close(stream, &log, answers_per_connection, read_then_close);
+                closed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
     });
-    (format!("http://{authority}"), seen)
+    upstream
+}
+
+struct ClosingUpstream {
+    url: String,
+    seen: Arc<Mutex<Vec<String>>>,
+    closed: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One connection of [`closing_upstream`]; the socket closes when it returns.
+fn serve_then_close(mut stream: std::net::TcpStream, log: &Mutex<Vec<String>>, answers: usize, read_then_close: bool) {
+    for n in 0.. {
+        let Some(body) = read_raw_request(&mut stream) else {
+            return;
+        };
+        log.lock().expect("log").push(body);
+        if n == answers {
+            return; // read_then_close: the request is in, and no answer comes
+        }
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nsuccess";
+        if std::io::Write::write_all(&mut stream, answer).is_err() {
+            return;
+        }
+        if n + 1 == answers && !read_then_close {
+            return;
+        }
+    }
 }
 
 #[tokio::test]
 async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() {
-    let (url, seen) = closing_upstream(1, false);
-    let toml = Cfg::new().server("workers = 1").toml(&url);
+    let upstream = closing_upstream(1, false);
+    let toml = Cfg::new().server("workers = 1").toml(&upstream.url);
     let gw = TestGateway::start_toml(&toml).await;
     let client = gw.client();
     for i in 0..30 {
@@ -322,8 +339,15 @@ async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() 
             "request {i}: {}",
             r.body
         );
+        // The next request goes out once the upstream has closed this connection: the
+        // close is on its way to the gateway, which may not have read it yet. (A close
+        // that starts after the next request was written is a race no client wins.)
+        crate::support::eventually("the upstream to close the connection", || {
+            upstream.closed.load(std::sync::atomic::Ordering::SeqCst) == i + 1
+        })
+        .await;
     }
-    let seen = seen.lock().expect("log").clone();
+    let seen = upstream.seen.lock().expect("log").clone();
     let expected: Vec<String> = (0..30).map(|i| msg(&format!("kept-{i}"))).collect();
     assert_eq!(seen, expected, "each message reached the upstream once, in order");
 }
@@ -332,7 +356,7 @@ async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() 
 async fn a_request_the_upstream_read_before_closing_is_never_sent_again() {
     // The first request on each connection is answered; the second is read, then the
     // connection closes without an answer. It may have been acted on: 502, not a resend.
-    let (url, seen) = closing_upstream(1, true);
+    let ClosingUpstream { url, seen, .. } = closing_upstream(1, true);
     let toml = Cfg::new().server("workers = 1").toml(&url);
     let gw = TestGateway::start_toml(&toml).await;
     let client = gw.client();

@@ -40,11 +40,11 @@ async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_
     let (listener, authority) = raw_listener();
     let log: Log = Arc::default();
     let (close, closing) = mpsc::channel::<()>();
-    let (closed, has_closed) = mpsc::channel::<()>();
+    let (closed, has_closed) = mpsc::channel();
     let seen = Arc::clone(&log);
     std::thread::spawn(move || {
         for n in 1..=2 {
-            let (mut stream, _) = listener.accept().expect("accept");
+            let (mut stream, pool_end) = listener.accept().expect("accept");
             let body = read_raw_request(&mut stream).expect("a request");
             seen.lock().expect("log").push((n, body));
             stream
@@ -53,8 +53,9 @@ async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_
                 .expect("answer");
             if n == 1 {
                 let _ = closing.recv();
+                let own_end = stream.local_addr().expect("addr");
                 drop(stream); // the upstream's idle-keep-alive close
-                let _ = closed.send(());
+                let _ = closed.send((pool_end, own_end));
             } else {
                 std::mem::forget(stream); // stays open to the end of the test
             }
@@ -70,12 +71,13 @@ async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_
     // Idle long enough for an upstream to close it (not a wait for an event: the pool
     // checks connections older than this before reusing them).
     tokio::time::sleep(pool::PROBE_AFTER + std::time::Duration::from_millis(50)).await;
-    // The upstream closes it, and the FIN is in our socket (loopback delivers it before
-    // close returns), but this thread does not yield: the connection's task has not
-    // seen it, so hyper still takes the connection as ready. Sent on it, the request
-    // would be written into a closed connection: lost to the upstream, 502 here.
+    // The upstream closes it, and the FIN reaches our socket, but this thread does not
+    // yield: the connection's task has not seen it, so hyper still takes the connection
+    // as ready. Sent on it, the request would be written into a closed connection: lost
+    // to the upstream, 502 here.
     close.send(()).expect("signal");
-    has_closed.recv().expect("closed");
+    let (pool_end, upstream_end) = has_closed.recv().expect("closed");
+    crate::support::await_close_delivered(pool_end, upstream_end);
     assert_eq!(pool::ready_connections(&authority), 1);
 
     let second = pool::send(&authority, request(&authority, "two"))

@@ -278,7 +278,7 @@ async fn a_body_cut_off_midway_is_a_bad_request_not_a_rejection() {
 /// them with a keep-alive `200 success` (no `Connection: close`, so the gateway keeps
 /// the connection); then it closes the socket, after reading one more request if
 /// `read_then_close` (a request that was written and may have been acted on).
-/// `closed` counts the connections it has closed.
+/// `closed` lists the connections it has closed: (the gateway's end, its own end).
 fn closing_upstream(answers_per_connection: usize, read_then_close: bool) -> ClosingUpstream {
     let (listener, authority) = raw_listener();
     let upstream = ClosingUpstream {
@@ -288,11 +288,12 @@ fn closing_upstream(answers_per_connection: usize, read_then_close: bool) -> Clo
     };
     let (log, closed) = (Arc::clone(&upstream.seen), Arc::clone(&upstream.closed));
     std::thread::spawn(move || {
-        while let Ok((stream, _)) = listener.accept() {
+        while let Ok((stream, gateway_end)) = listener.accept() {
             let (log, closed) = (Arc::clone(&log), Arc::clone(&closed));
             std::thread::spawn(move || {
+                let own_end = stream.local_addr().expect("addr");
                 serve_then_close(stream, &log, answers_per_connection, read_then_close);
-                closed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                closed.lock().expect("closed").push((gateway_end, own_end));
             });
         }
     });
@@ -302,7 +303,7 @@ fn closing_upstream(answers_per_connection: usize, read_then_close: bool) -> Clo
 struct ClosingUpstream {
     url: String,
     seen: Arc<Mutex<Vec<String>>>,
-    closed: Arc<std::sync::atomic::AtomicUsize>,
+    closed: Arc<Mutex<Vec<(std::net::SocketAddr, std::net::SocketAddr)>>>,
 }
 
 /// One connection of [`closing_upstream`]; the socket closes when it returns.
@@ -339,13 +340,16 @@ async fn an_upstream_closing_kept_alive_connections_loses_and_doubles_nothing() 
             "request {i}: {}",
             r.body
         );
-        // The next request goes out once the upstream has closed this connection: the
-        // close is on its way to the gateway, which may not have read it yet. (A close
-        // that starts after the next request was written is a race no client wins.)
+        // The next request goes out once the upstream's close of this connection has
+        // reached the gateway's socket, which the gateway may not have read yet. (A
+        // close that arrives after the next request was written is a race no client
+        // wins: the upstream may have read it.)
         crate::support::eventually("the upstream to close the connection", || {
-            upstream.closed.load(std::sync::atomic::Ordering::SeqCst) == i + 1
+            upstream.closed.lock().expect("closed").len() == i + 1
         })
         .await;
+        let (gateway_end, own_end) = upstream.closed.lock().expect("closed")[i];
+        crate::support::await_close_delivered(gateway_end, own_end);
     }
     let seen = upstream.seen.lock().expect("log").clone();
     let expected: Vec<String> = (0..30).map(|i| msg(&format!("kept-{i}"))).collect();

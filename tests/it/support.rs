@@ -511,3 +511,35 @@ pub fn read_raw_request(stream: &mut std::net::TcpStream) -> Option<String> {
     stream.read_exact(&mut body).ok()?;
     Some(String::from_utf8_lossy(&body).into_owned())
 }
+
+/// Blocks (without yielding to the runtime) until the kernel has delivered the peer's
+/// close to the loopback socket `local` connected to `remote`: its state in
+/// `/proc/net/tcp` is CLOSE_WAIT or later, or it is gone. `close()` on the other end
+/// returns before that under load (loopback delivery can wait for ksoftirqd), and a
+/// close the kernel has not delivered is one no client can see.
+pub fn await_close_delivered(local: SocketAddr, remote: SocketAddr) {
+    let hex = |a: SocketAddr| match a {
+        SocketAddr::V4(a) => format!("{:08X}:{:04X}", u32::from_ne_bytes(a.ip().octets()), a.port()),
+        SocketAddr::V6(_) => panic!("raw upstreams listen on IPv4 loopback"),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+        let state = table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.get(1) == Some(&local.as_str()) && fields.get(2) == Some(&remote.as_str()))
+                .then(|| u8::from_str_radix(fields[3], 16).expect("state"))
+        });
+        // 1 ESTABLISHED, 4 FIN_WAIT1, 5 FIN_WAIT2: no FIN received yet; 8 CLOSE_WAIT,
+        // 9 LAST_ACK, 7 CLOSE or absent: it was.
+        if !matches!(state, Some(1 | 4 | 5)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the close of {remote} never reached {local} (state {state:?})"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

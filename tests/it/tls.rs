@@ -120,6 +120,9 @@ fn tls_cfg(tls_port: u16) -> Cfg {
     Cfg::new()
         .store("backend = \"redis\"")
         .store(&format!("url = \"rediss://127.0.0.1:{tls_port}/0\""))
+        // A TLS connect (handshake in a debug build) on a loaded test machine can
+        // take more than the default 250 ms; these tests are about certificates.
+        .store("timeout = \"1s\"")
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! owes its upstream (hop-by-hop headers out, `X-Forwarded-*` in, path and body
 //! unchanged), and the bounded call that turns failures into 502 / 504.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -173,16 +173,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // `Upgrade` is hop-by-hop too; removed here because it is only meaningful with
     // `Connection: upgrade`, which the gateway does not support.
     headers.remove(header::UPGRADE);
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
+    // Nearly every upstream answers `Connection: keep-alive`: each line is read once
+    // and its names removed by `&str`, so no list and no `HeaderName` is allocated
+    // per response. (Cloning the line is a reference count: it shares hyper's buffer.)
+    let mut line_index = 0;
+    while let Some(line) = headers.get_all(header::CONNECTION).iter().nth(line_index).cloned() {
+        line_index += 1;
+        for name in line.to_str().unwrap_or_default().split(',').map(str::trim) {
+            // The fixed ones (`keep-alive` above all) go below, `Connection` with them:
+            // removing it here would shift the lines.
+            let fixed = HOP_BY_HOP.iter().any(|fixed| name.eq_ignore_ascii_case(fixed.as_str()));
+            if !name.is_empty() && !fixed {
+                headers.remove(name);
+            }
         }
     }
     for name in &HOP_BY_HOP {
@@ -205,11 +208,34 @@ fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
         value.push_str(line);
         value.push_str(", ");
     }
-    let _ = write!(value, "{}", addr.ip());
+    match addr.ip() {
+        // Every request has one: digits by hand rather than through `fmt`.
+        IpAddr::V4(ip) => {
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    value.push('.');
+                }
+                push_decimal(&mut value, octet);
+            }
+        }
+        ip @ IpAddr::V6(_) => {
+            let _ = write!(value, "{ip}");
+        }
+    }
     if let Ok(value) = HeaderValue::try_from(value) {
         // Several X-Forwarded-For lines are one list: replace them all with the joined one.
         headers.insert(&X_FORWARDED_FOR, value);
     }
+}
+
+fn push_decimal(out: &mut String, n: u8) {
+    if n >= 100 {
+        out.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        out.push(char::from(b'0' + n / 10 % 10));
+    }
+    out.push(char::from(b'0' + n % 10));
 }
 
 #[cfg(test)]
@@ -260,6 +286,47 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "gw.example");
         assert_eq!(h["host"], "gw.example");
         assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn forwarded_for_writes_addresses_as_display_does() {
+        for ip in [
+            "0.0.0.0",
+            "10.1.2.3",
+            "100.20.9.255",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let peer = Peer {
+                trusted: false,
+                addr: SocketAddr::new(ip.parse().expect("ip"), 4000),
+            };
+            let mut headers = HeaderMap::new();
+            append_forwarded_for(&mut headers, peer.addr);
+            assert_eq!(headers["x-forwarded-for"], ip);
+        }
+    }
+
+    #[test]
+    fn every_connection_line_names_fields_to_strip_in_any_case() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "Keep-Alive, X-Hop-A"),
+            ("connection", " connection ,, x-hop-b , not a name"),
+            ("x-hop-a", "1"),
+            ("X-Hop-B", "2"),
+            ("keep-alive", "timeout=5"),
+            ("x-end-to-end", "3"),
+        ] {
+            headers.append(
+                HeaderName::try_from(name).expect("name"),
+                HeaderValue::from_static(value),
+            );
+        }
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-end-to-end"]);
     }
 
     #[test]

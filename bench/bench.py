@@ -6,6 +6,9 @@ Run through bench/run (it checks the tools and builds the release binaries). Con
 
   direct      wrk -> upstream (the ceiling)
   nginx       nginx as a plain reverse proxy (keepalive pool, 2 workers): the baseline
+  hyper-bare  the leanest proxy hyper makes (examples/bare-proxy.rs: the gateway's runtime
+              layout, no dedup, bodies streamed): what the HTTP engine alone costs,
+              in the all-unique row
   nginx-lua   nginx + Lua + Redis dedup written the way users write it (bench/dedup.lua)
   gw-memory   dedup-gateway, embedded memory store
   gw-redis    dedup-gateway, Redis store (a local redis-server)
@@ -34,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 GATEWAY = os.path.join(ROOT, "target", "release", "dedup-gateway")
 SENDER_COST = os.path.join(ROOT, "target", "release", "examples", "sender-cost")
+BARE_PROXY = os.path.join(ROOT, "target", "release", "examples", "bare-proxy")
 TICK = os.sysconf("SC_CLK_TCK")
 PROCS = []  # every process started, stopped by PID at exit
 
@@ -280,7 +284,7 @@ def measure(procs, url, conns, seconds, args, script=os.path.join(BENCH, "post.l
 
 SCENARIOS = [
     # name, path, connections, duplicate share, contestants
-    ("all unique, c=32", "/hook", 32, 0.0, ["direct", "nginx", "nginx-lua", "gw-memory", "gw-redis"]),
+    ("all unique, c=32", "/hook", 32, 0.0, ["direct", "nginx", "hyper-bare", "nginx-lua", "gw-memory", "gw-redis"]),
     ("half duplicates, c=32", "/hook", 32, 0.5, ["nginx", "nginx-lua", "gw-memory", "gw-redis"]),
     ("half duplicates, c=256", "/hook", 256, 0.5, ["nginx", "nginx-lua", "gw-memory", "gw-redis"]),
     (
@@ -304,7 +308,7 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit("interrupted"))
     work = tempfile.mkdtemp(prefix="dedup-bench-")
-    p = {k: free_port() for k in ("up_fast", "up_slow", "redis", "nginx", "lua", "gwm", "gwm_admin", "gwr", "gwr_admin")}
+    p = {k: free_port() for k in ("up_fast", "up_slow", "redis", "nginx", "lua", "gwm", "gwm_admin", "gwr", "gwr_admin", "bare")}
     try:
         run(opts, work, p)
     finally:
@@ -326,12 +330,16 @@ def run(opts, work, p):
     lua = nginx("lua", work, proxy_locations(p, dedup=True).replace("{port}", str(p["lua"])))
     for port in (p["up_fast"], p["up_slow"], p["nginx"], p["lua"]):
         wait_port(port, "nginx")
+    bare = start("hyper-bare", [BARE_PROXY, f"127.0.0.1:{p['bare']}", f"127.0.0.1:{p['up_fast']}", "2"],
+                 open(os.path.join(work, "hyper-bare.log"), "w"))
+    wait_port(p["bare"], "hyper-bare")
     gwm = gateway("gw-memory", work, gateway_toml(p, "memory", p["gwm"], p["gwm_admin"]), p["gwm_admin"])
     gwr = gateway("gw-redis", work, gateway_toml(p, "redis", p["gwr"], p["gwr_admin"]), p["gwr_admin"])
 
     contestants = {
         "direct": ([upstream], p["up_fast"]),
         "nginx": ([plain], p["nginx"]),
+        "hyper-bare": ([bare], p["bare"]),
         "nginx-lua": ([lua], p["lua"]),
         "gw-memory": ([gwm], p["gwm"]),
         "gw-redis": ([gwr], p["gwr"]),

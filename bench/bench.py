@@ -12,6 +12,8 @@ Run through bench/run (it checks the tools and builds the release binaries). Con
   nginx-lua   nginx + Lua + Redis dedup written the way users write it (bench/dedup.lua)
   gw-memory   dedup-gateway, embedded memory store
   gw-redis    dedup-gateway, Redis store (a local redis-server)
+  ... (B)     with --compare BINARY: another build of the gateway, next to this one in
+              every row (an A/B of two builds within the same rounds)
 
 Rounds are interleaved (round 1 runs every scenario and contestant, then round 2...),
 so drift of the machine hits every contestant alike; ratios are taken within a round
@@ -243,12 +245,12 @@ admin_listen = "127.0.0.1:{admin}"
 {routes}"""
 
 
-def gateway(name, work, toml, admin):
+def gateway(name, work, toml, admin, binary=GATEWAY):
     path = os.path.join(work, f"{name}.toml")
     with open(path, "w") as f:
         f.write(toml)
     log = open(os.path.join(work, f"{name}.log"), "w")
-    proc = start(name, [GATEWAY, "--config", path, "--log-level", "warn"], log)
+    proc = start(name, [binary, "--config", path, "--log-level", "warn"], log)
     deadline = time.time() + 20
     while time.time() < deadline:
         try:
@@ -303,12 +305,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--skip-memory", action="store_true", help="skip the 1,000,000-key memory run")
     ap.add_argument("--only", help="run only scenarios whose name contains this")
+    ap.add_argument("--compare", metavar="BINARY",
+                    help="another dedup-gateway build, run as 'gw-memory (B)' and 'gw-redis (B)' next to "
+                         "this one in the same rounds: an A/B of two builds")
     opts = ap.parse_args()
+    if opts.compare and not os.access(opts.compare, os.X_OK):
+        sys.exit(f"--compare {opts.compare}: not an executable dedup-gateway build")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit("interrupted"))
     work = tempfile.mkdtemp(prefix="dedup-bench-")
-    p = {k: free_port() for k in ("up_fast", "up_slow", "redis", "nginx", "lua", "gwm", "gwm_admin", "gwr", "gwr_admin", "bare")}
+    p = {k: free_port() for k in ("up_fast", "up_slow", "redis", "nginx", "lua", "gwm", "gwm_admin", "gwr", "gwr_admin", "bare",
+                                "gwmb", "gwmb_admin", "gwrb", "gwrb_admin")}
     try:
         run(opts, work, p)
     finally:
@@ -345,18 +353,27 @@ def run(opts, work, p):
         "gw-redis": ([gwr], p["gwr"]),
         "gw-redis (wait)": ([gwr], p["gwr"]),
     }
+    scenarios = [s for s in SCENARIOS if not opts.only or opts.only in s[0]]
+    if opts.compare:
+        for store, key in (("memory", "gwm"), ("redis", "gwr")):
+            toml = gateway_toml(p, store, p[f"{key}b"], p[f"{key}b_admin"])
+            proc = gateway(f"gw-{store}-b", work, toml, p[f"{key}b_admin"], os.path.abspath(opts.compare))
+            contestants[f"gw-{store} (B)"] = ([proc], p[f"{key}b"])
+        # B runs next to A in every row A is in (not the `wait` row), after it in odd
+        # rounds and before it in even ones.
+        scenarios = [(n, path, conns, share, [x for c in names for x in ([c, f"{c} (B)"] if f"{c} (B)" in contestants else [c])])
+                     for n, path, conns, share, names in scenarios]
     dedup_runs = []  # (prefix, contestant) whose ids must reach the upstream once
     results = {}  # (scenario, contestant) -> [per-round result]
-    scenarios = [s for s in SCENARIOS if not opts.only or opts.only in s[0]]
     for rnd in range(1, opts.rounds + 1):
         print(f"round {rnd}/{opts.rounds}", flush=True)
         for si, (name, path, conns, share, names) in enumerate(scenarios):
-            for c in names:
+            for c in swap_pairs(names) if rnd % 2 == 0 else names:
                 procs, port = contestants[c]
                 route = "/slow-wait" if c.endswith("(wait)") else path
                 if c == "direct" and route == "/hook":
                     route = "/"
-                prefix = f"s{si}r{rnd}{re.sub('[^a-z]', '', c)}"
+                prefix = f"s{si}r{rnd}{re.sub('[^a-z]', '', c.lower())}"
                 r = measure(procs, f"http://127.0.0.1:{port}{route}", conns, opts.seconds, [prefix, str(share)])
                 results.setdefault((name, c), []).append(r)
                 if c.startswith("gw") or c == "nginx-lua":
@@ -374,6 +391,15 @@ def run(opts, work, p):
     doubled = duplicates_delivered(os.path.join(work, "ids.log"), dedup_runs)
 
     report(scenarios, results, senders, memory, doubled)
+
+
+def swap_pairs(names):
+    """B before A, for even rounds: neither build always runs first."""
+    out = list(names)
+    for i, c in enumerate(out[:-1]):
+        if out[i + 1] == f"{c} (B)":
+            out[i], out[i + 1] = out[i + 1], c
+    return out
 
 
 def platform_line():

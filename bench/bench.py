@@ -359,10 +359,7 @@ def run(opts, work, p):
             toml = gateway_toml(p, store, p[f"{key}b"], p[f"{key}b_admin"])
             proc = gateway(f"gw-{store}-b", work, toml, p[f"{key}b_admin"], os.path.abspath(opts.compare))
             contestants[f"gw-{store} (B)"] = ([proc], p[f"{key}b"])
-        # B runs next to A in every row A is in (not the `wait` row), after it in odd
-        # rounds and before it in even ones.
-        scenarios = [(n, path, conns, share, [x for c in names for x in ([c, f"{c} (B)"] if f"{c} (B)" in contestants else [c])])
-                     for n, path, conns, share, names in scenarios]
+        scenarios = [(n, path, conns, share, with_b(names, contestants)) for n, path, conns, share, names in scenarios]
     dedup_runs = []  # (prefix, contestant) whose ids must reach the upstream once
     results = {}  # (scenario, contestant) -> [per-round result]
     for rnd in range(1, opts.rounds + 1):
@@ -391,6 +388,14 @@ def run(opts, work, p):
     doubled = duplicates_delivered(os.path.join(work, "ids.log"), dedup_runs)
 
     report(scenarios, results, senders, memory, doubled)
+
+
+def with_b(names, contestants):
+    """Each contestant that has a (B) build, followed by it (not the `wait` row)."""
+    out = []
+    for c in names:
+        out += [c, f"{c} (B)"] if f"{c} (B)" in contestants else [c]
+    return out
 
 
 def swap_pairs(names):

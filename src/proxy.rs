@@ -298,12 +298,8 @@ mod tests {
             "::1",
             "2001:db8::7",
         ] {
-            let peer = Peer {
-                trusted: false,
-                addr: SocketAddr::new(ip.parse().expect("ip"), 4000),
-            };
             let mut headers = HeaderMap::new();
-            append_forwarded_for(&mut headers, peer.addr);
+            append_forwarded_for(&mut headers, SocketAddr::new(ip.parse().expect("ip"), 4000));
             assert_eq!(headers["x-forwarded-for"], ip);
         }
     }

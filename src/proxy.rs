@@ -111,13 +111,16 @@ pub fn upstream_request(mut head: http::request::Parts, body: Body, target: &Tar
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    // An HTTP/2 request carries its host in the URI, not in a Host header.
-    let host = match head.headers.get(header::HOST) {
-        Some(host) => Some(host.clone()),
-        None => head
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+    // An HTTP/2 request carries its host in the URI, not in a Host header; an HTTP/1
+    // request's Host header is forwarded as it came (only the first, if it came twice).
+    let mut lines = head.headers.get_all(header::HOST).iter();
+    let host = match (lines.next(), lines.next()) {
+        (Some(host), None) => Host::Kept(host.clone()),
+        (Some(host), Some(_)) => Host::Written(host.clone()),
+        (None, _) => match head.uri.authority().map(|a| HeaderValue::from_str(a.as_str())) {
+            Some(Ok(host)) => Host::Written(host),
+            _ => Host::Missing,
+        },
     };
     head.uri = Uri::from(path);
     head.version = Version::HTTP_11;
@@ -128,21 +131,38 @@ pub fn upstream_request(mut head: http::request::Parts, body: Body, target: &Tar
     if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
-    if let Some(host) = host {
-        if !(peer.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-            headers.insert(&X_FORWARDED_HOST, host.clone());
-        }
-        headers.insert(header::HOST, host);
-    } else {
-        if !peer.trusted {
-            headers.remove(&X_FORWARDED_HOST);
+    let forwarded_host = match host {
+        Host::Kept(host) => Some(host),
+        Host::Written(host) => {
+            headers.insert(header::HOST, host.clone());
+            Some(host)
         }
         // HTTP/1.1 requires a Host: the upstream's own, as a client would send.
-        if let Ok(host) = HeaderValue::from_str(target.authority.as_str()) {
-            headers.insert(header::HOST, host);
+        Host::Missing => {
+            if let Ok(host) = HeaderValue::from_str(target.authority.as_str()) {
+                headers.insert(header::HOST, host);
+            }
+            None
         }
+    };
+    match forwarded_host {
+        Some(host) if !(peer.trusted && headers.contains_key(&X_FORWARDED_HOST)) => {
+            headers.insert(&X_FORWARDED_HOST, host);
+        }
+        Some(_) => {}
+        None if !peer.trusted => drop(headers.remove(&X_FORWARDED_HOST)),
+        None => {}
     }
     Request::from_parts(head, body)
+}
+
+/// Where a request named its host, and whether the Host header must be (re)written.
+enum Host {
+    /// One Host header: forwarded as it is.
+    Kept(HeaderValue),
+    /// From the URI (HTTP/2), or the first of several Host lines: written.
+    Written(HeaderValue),
+    Missing,
 }
 
 /// Prepares an upstream response for the sender: hop-by-hop headers removed.
@@ -157,7 +177,9 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// RFC 9110 section 7.6.1: fields that describe one connection, not the message.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// `Upgrade` too: it is only meaningful with `Connection: upgrade`, which the gateway
+/// does not support. `Connection` comes first (see [`strip_hop_by_hop`]).
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -166,47 +188,66 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Removes hop-by-hop fields, including every field the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // `Upgrade` is hop-by-hop too; removed here because it is only meaningful with
-    // `Connection: upgrade`, which the gateway does not support.
-    headers.remove(header::UPGRADE);
-    // Nearly every upstream answers `Connection: keep-alive`: each line is read once
-    // and its names removed by `&str`, so no list and no `HeaderName` is allocated
-    // per response. (Cloning the line is a reference count: it shares hyper's buffer.)
+    // Most messages carry none of them, or only `Connection: keep-alive`: one pass over
+    // the names present (compared, not hashed) says which to remove, so a message
+    // costs a removal per field it has rather than a lookup per field there could be.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|fixed| fixed == name) {
+            present |= 1 << i;
+        }
+    }
+    if present & 1 != 0 {
+        strip_connection_named(headers);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Removes the fields that the `Connection` lines name, other than the fixed ones
+/// (left to the caller, `Connection` with them: removing it here would shift the lines).
+fn strip_connection_named(headers: &mut HeaderMap) {
+    // Each line is read once and its names removed by `&str`, so no list and no
+    // `HeaderName` is allocated per message. (Cloning a line is a reference count: it
+    // shares hyper's buffer.)
     let mut line_index = 0;
     while let Some(line) = headers.get_all(header::CONNECTION).iter().nth(line_index).cloned() {
         line_index += 1;
         for name in line.to_str().unwrap_or_default().split(',').map(str::trim) {
-            // The fixed ones (`keep-alive` above all) go below, `Connection` with them:
-            // removing it here would shift the lines.
             let fixed = HOP_BY_HOP.iter().any(|fixed| name.eq_ignore_ascii_case(fixed.as_str()));
             if !name.is_empty() && !fixed {
                 headers.remove(name);
             }
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
 }
 
 fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
+    use http::header::Entry;
     use std::fmt::Write as _;
-    // Several lines are one comma-separated list (RFC 9110 5.3): keep every one, in order.
-    let prior = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|p| !p.is_empty());
     // The longest IPv6 text is 39 bytes.
     let mut value = String::with_capacity(64);
-    for line in prior {
-        value.push_str(line);
-        value.push_str(", ");
+    // One lookup both reads the lines there are and replaces them.
+    let entry = headers.entry(&X_FORWARDED_FOR);
+    if let Entry::Occupied(lines) = &entry {
+        // Several lines are one comma-separated list (RFC 9110 5.3): keep every one, in order.
+        let prior = lines
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|p| !p.is_empty());
+        for line in prior {
+            value.push_str(line);
+            value.push_str(", ");
+        }
     }
     match addr.ip() {
         // Every request has one: digits by hand rather than through `fmt`.
@@ -224,7 +265,10 @@ fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {
     }
     if let Ok(value) = HeaderValue::try_from(value) {
         // Several X-Forwarded-For lines are one list: replace them all with the joined one.
-        headers.insert(&X_FORWARDED_FOR, value);
+        match entry {
+            Entry::Occupied(mut lines) => drop(lines.insert(value)),
+            Entry::Vacant(slot) => drop(slot.insert(value)),
+        }
     }
 }
 
@@ -323,6 +367,28 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-end-to-end"]);
+    }
+
+    #[test]
+    fn each_hop_by_hop_field_is_stripped_alone_and_a_second_host_line_is_dropped() {
+        for fixed in &HOP_BY_HOP {
+            let mut headers = HeaderMap::new();
+            headers.insert(fixed, HeaderValue::from_static("x"));
+            headers.insert("x-end-to-end", HeaderValue::from_static("1"));
+            strip_hop_by_hop(&mut headers);
+            let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+            assert_eq!(left, ["x-end-to-end"], "{fixed}");
+        }
+        let req = Request::post("/hook")
+            .header("host", "first.example")
+            .header("host", "second.example")
+            .body(())
+            .expect("request");
+        let target = Target::parse("http://127.0.0.1:5000").expect("target");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        let hosts: Vec<_> = out.headers().get_all("host").iter().collect();
+        assert_eq!(hosts, ["first.example"]);
+        assert_eq!(out.headers()["x-forwarded-host"], "first.example");
     }
 
     #[test]

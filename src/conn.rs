@@ -11,8 +11,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -23,7 +23,7 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::framing::FramingGuard;
 use crate::gateway::Gateway;
@@ -36,12 +36,68 @@ pub struct Protocols {
     pub h2: http2::Builder<TokioExecutor>,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
-    /// Cancelled when the listener closes: connections that have not said a word yet
+    /// Raised when the listener closes: connections that have not said a word yet
     /// are dropped rather than served (or waited for) during the drain.
-    pub closing: CancellationToken,
-    /// Cancelled when the drain starts: every connection finishes what it is doing and
+    pub closing: Signal,
+    /// Raised when the drain starts: every connection finishes what it is doing and
     /// closes (HTTP/1: after the current response; h2c: GOAWAY).
-    pub draining: CancellationToken,
+    pub draining: Signal,
+}
+
+/// A one-way signal to every connection. A connection's task looks at it on every
+/// wake-up (a few per request), and a cancellation token's own future takes the
+/// token's mutexes each time it is polled: mutexes shared by every connection of
+/// every worker, so two workers would pass their cache lines back and forth all day.
+/// Here a poll after the first reads a flag and compares wakers; the token is only
+/// what wakes the waiting connections.
+#[derive(Default)]
+pub struct Signal {
+    raised: AtomicBool,
+    token: CancellationToken,
+}
+
+impl Signal {
+    pub fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    /// Completes once the signal is raised.
+    fn raised(&self) -> Raised<'_> {
+        Raised {
+            raised: &self.raised,
+            wait: Box::pin(self.token.cancelled()),
+            registered: None,
+        }
+    }
+}
+
+/// See [`Signal::raised`].
+struct Raised<'a> {
+    raised: &'a AtomicBool,
+    wait: Pin<Box<WaitForCancellationFuture<'a>>>,
+    /// The waker the token will wake: while the task's waker is this one, polling
+    /// the token again would only take its locks to find the same waker there.
+    registered: Option<Waker>,
+}
+
+impl Future for Raised<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Set before the token is cancelled, so a wake-up by the token finds it set.
+        if self.raised.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if self.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return Poll::Pending;
+        }
+        if self.wait.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        self.registered = Some(cx.waker().clone());
+        Poll::Pending
+    }
 }
 
 /// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
@@ -49,7 +105,7 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
     let _ = stream.set_nodelay(true);
     let sniffed = tokio::select! {
         biased;
-        () = protocols.closing.cancelled() => return,
+        () = protocols.closing.raised() => return,
         sniffed = sniff(&mut stream, protocols.idle_timeout, protocols.header_timeout) => sniffed,
     };
     let Some((prefix, is_h2)) = sniffed else {
@@ -97,17 +153,18 @@ enum Stop {
 
 /// Runs a connection until it ends, shutting it down gracefully when the drain starts
 /// or it sits idle, and dropping it when it stalls.
-async fn drive<C>(conn: C, draining: &CancellationToken, watchdog: impl Future<Output = Stop>) -> Result<(), C::Error>
+async fn drive<C>(conn: C, draining: &Signal, watchdog: impl Future<Output = Stop>) -> Result<(), C::Error>
 where
     C: GracefulConnection,
 {
     tokio::pin!(conn);
     tokio::pin!(watchdog);
+    let mut drained = draining.raised();
     let mut closing = false;
     loop {
         tokio::select! {
             result = conn.as_mut() => return result,
-            () = draining.cancelled(), if !closing => {
+            () = &mut drained, if !closing => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
@@ -339,6 +396,34 @@ mod tests {
         let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 1];
         f.extend_from_slice(payload);
         f
+    }
+
+    #[test]
+    fn a_raised_signal_wakes_and_completes_its_waiters_once_polled_cheaply() {
+        use std::sync::atomic::AtomicUsize;
+        use std::task::Wake;
+
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        let mut cx = Context::from_waker(&waker);
+        let signal = Signal::default();
+        let mut raised = signal.raised();
+        for _ in 0..3 {
+            assert!(Pin::new(&mut raised).poll(&mut cx).is_pending());
+        }
+        assert!(raised.registered.is_some(), "registered after the first poll");
+        assert_eq!(count.0.load(Ordering::Relaxed), 0);
+        signal.raise();
+        assert_eq!(count.0.load(Ordering::Relaxed), 1, "raising wakes the waiter");
+        assert!(Pin::new(&mut raised).poll(&mut cx).is_ready());
+        // Raised before anyone waits: ready at once.
+        assert!(Pin::new(&mut signal.raised()).poll(&mut cx).is_ready());
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin;
 use crate::config::ServerConfig;
-use crate::conn::{self, Protocols};
+use crate::conn::{self, Protocols, Signal};
 use crate::gateway::Gateway;
 use crate::store::Store as _;
 
@@ -88,8 +88,8 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         h2,
         header_timeout: server.header_timeout,
         idle_timeout: server.idle_timeout,
-        closing: CancellationToken::new(),
-        draining: CancellationToken::new(),
+        closing: Signal::default(),
+        draining: Signal::default(),
     });
     let connections = TaskTracker::new();
     // Workers accept until `accepting` is cancelled, then stay up (serving what they
@@ -136,8 +136,8 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         tokio::time::sleep(server.shutdown_delay).await;
     }
     accepting.cancel();
-    protocols.closing.cancel();
-    protocols.draining.cancel();
+    protocols.closing.raise();
+    protocols.draining.raise();
     connections.close();
     drain(&gw, &connections, server.shutdown_grace).await;
     exit.cancel();

@@ -540,6 +540,16 @@ def report(scenarios, results, senders, memory, doubled):
             print(f"| {name} | {c}{note} | {med(r['rps'] for r in rs):,.0f} | "
                   f"{med(r['p50_us'] for r in rs) / 1000:.2f} ms | {med(r['p99_us'] for r in rs) / 1000:.2f} ms | "
                   f"{ratio:.2f}x | {med(r['cpu_us'] for r in rs):.1f} |")
+    pairs = [(name, c) for name, *_, names in scenarios for c in names if f"{c} (B)" in names]
+    if pairs:
+        print("\n## This build against --compare's (req/s of A / B within each round)\n")
+        print("| scenario | contestant | median | lowest | highest | CPU µs/req A / B |")
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        for name, c in pairs:
+            a, b = results[(name, c)], results[(name, f"{c} (B)")]
+            ratios = [x["rps"] / y["rps"] for x, y in zip(a, b)]
+            cpu = f"{med(x['cpu_us'] for x in a):.1f} / {med(y['cpu_us'] for y in b):.1f}"
+            print(f"| {name} | {c} | {med(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | {cpu} |")
     if senders:
         base = senders["plain JSON"]
         print("\n## Signed and encrypted senders (gw-memory, c=32, every request checked and a duplicate)\n")

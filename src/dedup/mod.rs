@@ -56,14 +56,26 @@ pub async fn process(
     key: Arc<str>,
     req: Request,
 ) -> Result<Answer, GatewayError> {
+    let (token, first_seen_ms) = (Token::generate(), unix_ms());
+    let policy = &route.config.policy;
+    // A backend that claims without waiting (the memory store) is asked here, in place:
+    // nothing can cancel a call that does not yield. A duplicate of a completed message
+    // is then answered without the state machine being boxed at all.
+    let first = claim_now(gw, &key, token, first_seen_ms, policy.processing_ttl);
+    if let Some(Ok(Claim::Found(marker @ Marker::Completed { response, .. }))) = &first
+        && policy.mode == Mode::Enforce
+    {
+        count_age(route, marker);
+        return Ok(duplicate(route, response.as_deref()));
+    }
     let task = Task {
         gw: Arc::clone(gw),
         route: Arc::clone(route),
         key,
-        token: Token::generate(),
-        first_seen_ms: unix_ms(),
+        token,
+        first_seen_ms,
     };
-    Detached::new(&gw.tasks, task.run(req)).await
+    Detached::new(&gw.tasks, task.run(req, first)).await
 }
 
 /// A future that outlives its caller: polled in place, and moved to a task of its own
@@ -119,13 +131,17 @@ pub(crate) struct Task {
 }
 
 impl Task {
-    async fn run(self, req: Request) -> Result<Answer, GatewayError> {
+    /// Runs from the first claim on, or from its reply if `process` already has it.
+    async fn run(self, req: Request, mut first: Option<Result<Claim, ClaimFailed>>) -> Result<Answer, GatewayError> {
         let (gw, route) = (&self.gw, &self.route);
         let policy = &route.config.policy;
         let deadline = Instant::now() + policy.in_flight_wait;
         let mut waits = 0u32;
         loop {
-            let claimed = claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await;
+            let claimed = match first.take() {
+                Some(claimed) => claimed,
+                None => claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await,
+            };
             let marker = match claimed {
                 Ok(Claim::Claimed) => return owner::forward(&self, req).await,
                 Ok(Claim::Found(marker)) => marker,
@@ -144,8 +160,7 @@ impl Task {
                 }
             };
             if waits == 0 {
-                let age = unix_ms().saturating_sub(marker.first_seen_ms());
-                route.metrics.duplicate_age(Duration::from_millis(age));
+                count_age(route, &marker);
             }
             if policy.mode == Mode::Shadow {
                 let outcome = match marker {
@@ -188,6 +203,29 @@ async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: D
         Err(e) if e.is_ambiguous() => (call().await, true),
         other => (other, false),
     };
+    settle(result, token, may_have_landed)
+}
+
+/// [`claim`] on a backend that answers without waiting ([`crate::store::AnyStore::claim_now`]), else
+/// `None`. Its errors are never ambiguous, so there is nothing to repeat.
+fn claim_now(
+    gw: &Gateway,
+    key: &str,
+    token: Token,
+    first_seen_ms: u64,
+    ttl: Duration,
+) -> Option<Result<Claim, ClaimFailed>> {
+    let started = Instant::now();
+    let result = gw.store.claim_now(key, token, first_seen_ms, ttl)?;
+    gw.metrics
+        .store_call(StoreOp::Claim, started.elapsed(), result.is_err());
+    Some(settle(result, token, false))
+}
+
+/// A claim's reply as the state machine reads it: our own marker (found by the repeat
+/// of a claim that landed) is ours, and a failure says whether the claim may have
+/// landed all the same.
+fn settle(result: Result<Claim, StoreError>, token: Token, may_have_landed: bool) -> Result<Claim, ClaimFailed> {
     match result {
         Ok(Claim::Found(Marker::Processing { token: holder, .. })) if holder == token => Ok(Claim::Claimed),
         Ok(claim) => Ok(claim),
@@ -196,6 +234,12 @@ async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: D
             error,
         }),
     }
+}
+
+/// Counts how long after its first delivery a message came again.
+fn count_age(route: &Route, marker: &Marker) {
+    let age = unix_ms().saturating_sub(marker.first_seen_ms());
+    route.metrics.duplicate_age(Duration::from_millis(age));
 }
 
 /// A claim that failed, and whether it (or its repeat) may have landed all the same.

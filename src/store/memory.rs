@@ -320,8 +320,10 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-impl Store for MemoryStore {
-    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
+impl MemoryStore {
+    /// [`Store::claim`], which here never waits: the state machine claims in place with
+    /// it (nothing can cancel a call that does not yield).
+    pub fn claim_now(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
         let d = self.digest(key);
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -357,6 +359,12 @@ impl Store for MemoryStore {
         inner.processing.push(ttl, Item { hash: d.0, seq });
         inner.processing.compact(&inner.slots, 2 * self.max_entries);
         Ok(Claim::Claimed)
+    }
+}
+
+impl Store for MemoryStore {
+    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
+        self.claim_now(key, token, first_seen_ms, ttl)
     }
 
     async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {

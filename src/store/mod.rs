@@ -277,6 +277,23 @@ macro_rules! each_backend_async {
     };
 }
 
+impl AnyStore {
+    /// A claim the backend answers without waiting (the memory store's), else `None`:
+    /// the state machine makes such a claim in place, before it boxes anything.
+    pub fn claim_now(
+        &self,
+        key: &str,
+        token: Token,
+        first_seen_ms: u64,
+        ttl: Duration,
+    ) -> Option<Result<Claim, StoreError>> {
+        match self {
+            AnyStore::Memory(s) => Some(s.claim_now(key, token, first_seen_ms, ttl)),
+            AnyStore::Redis(_) => None,
+        }
+    }
+}
+
 impl Store for AnyStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
         each_backend_async!(self, s => s.claim(key, token, first_seen_ms, ttl))

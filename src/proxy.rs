@@ -125,15 +125,16 @@ pub fn upstream_request(mut head: http::request::Parts, body: Body, target: &Tar
     head.uri = Uri::from(path);
     head.version = Version::HTTP_11;
     let headers = &mut head.headers;
-    strip_hop_by_hop(headers);
+    let connection_lines = strip_hop_by_hop(headers);
     append_forwarded_for(headers, peer.addr);
     // Anyone may send these: only a trusted front proxy's values are believed.
     if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
     let forwarded_host = match host {
-        Host::Kept(host) => Some(host),
-        Host::Written(host) => {
+        Host::Kept(host) if !connection_lines => Some(host),
+        // Written, or kept but perhaps just removed: a `Connection` line may name Host.
+        Host::Kept(host) | Host::Written(host) => {
             headers.insert(header::HOST, host.clone());
             Some(host)
         }
@@ -192,7 +193,8 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 ];
 
 /// Removes hop-by-hop fields, including every field the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Returns whether there were `Connection` lines (so fields they named are gone, too).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // Most messages carry none of them, or only `Connection: keep-alive`: one pass over
     // the names present (compared, not hashed) says which to remove, so a message
     // costs a removal per field it has rather than a lookup per field there could be.
@@ -210,6 +212,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+    present & 1 != 0
 }
 
 /// Removes the fields that the `Connection` lines name, other than the fixed ones
@@ -389,6 +392,15 @@ mod tests {
         let hosts: Vec<_> = out.headers().get_all("host").iter().collect();
         assert_eq!(hosts, ["first.example"]);
         assert_eq!(out.headers()["x-forwarded-host"], "first.example");
+        // A Connection line naming Host itself does not cost the upstream its Host.
+        let req = Request::post("/hook")
+            .header("host", "gw.example")
+            .header("connection", "keep-alive, Host")
+            .body(())
+            .expect("request");
+        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        assert_eq!(out.headers()["host"], "gw.example");
+        assert!(!out.headers().contains_key("connection"));
     }
 
     #[test]

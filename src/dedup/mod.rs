@@ -206,8 +206,9 @@ async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: D
     settle(result, token, may_have_landed)
 }
 
-/// [`claim`] on a backend that answers without waiting ([`crate::store::AnyStore::claim_now`]), else
-/// `None`. Its errors are never ambiguous, so there is nothing to repeat.
+/// [`claim`] on a backend that answers without waiting
+/// ([`crate::store::AnyStore::claim_now`]), else `None`. Its errors are never
+/// ambiguous, so there is nothing to repeat.
 fn claim_now(
     gw: &Gateway,
     key: &str,

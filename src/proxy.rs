@@ -289,6 +289,12 @@ fn push_decimal(out: &mut String, n: u8) {
 mod tests {
     use super::*;
 
+    /// The rewrite of `req` from `peer`, for an upstream at 127.0.0.1:5000.
+    fn rewrite(req: Request<()>, peer: Peer) -> Request<Body> {
+        let target = Target::parse("http://127.0.0.1:5000").expect("target");
+        upstream_request(req.into_parts().0, Body::empty(), &target, peer)
+    }
+
     fn peer() -> Peer {
         Peer {
             trusted: false,
@@ -320,8 +326,7 @@ mod tests {
             .header("x-keep", "yes")
             .body(())
             .expect("request");
-        let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        let out = rewrite(req, peer());
         // Origin-form: the connection is already the upstream's.
         assert_eq!(out.uri(), "/api/v1/webhook?a=1");
         let h = out.headers();
@@ -387,8 +392,7 @@ mod tests {
             .header("host", "second.example")
             .body(())
             .expect("request");
-        let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        let out = rewrite(req, peer());
         let hosts: Vec<_> = out.headers().get_all("host").iter().collect();
         assert_eq!(hosts, ["first.example"]);
         assert_eq!(out.headers()["x-forwarded-host"], "first.example");
@@ -398,7 +402,7 @@ mod tests {
             .header("connection", "keep-alive, Host")
             .body(())
             .expect("request");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        let out = rewrite(req, peer());
         assert_eq!(out.headers()["host"], "gw.example");
         assert!(!out.headers().contains_key("connection"));
     }
@@ -414,13 +418,10 @@ mod tests {
                 .header("x-forwarded-host", "public.example")
                 .body(())
                 .expect("request")
-                .into_parts()
-                .0
         };
-        let target = Target::parse("http://127.0.0.1:5000").expect("target");
         for trusted in [false, true] {
             let peer = Peer { trusted, ..peer() };
-            let out = upstream_request(req(), Body::empty(), &target, peer);
+            let out = rewrite(req(), peer);
             let h = out.headers();
             assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
             assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.2, 198.51.100.7, 10.1.2.3");
@@ -442,7 +443,7 @@ mod tests {
             trusted: true,
             ..peer()
         };
-        let out = upstream_request(bare.into_parts().0, Body::empty(), &target, peer);
+        let out = rewrite(bare, peer);
         assert_eq!(out.headers()["x-forwarded-proto"], "http");
         assert_eq!(out.headers()["x-forwarded-host"], "gw.example");
     }
@@ -453,8 +454,7 @@ mod tests {
             .version(Version::HTTP_2)
             .body(())
             .expect("request");
-        let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        let out = rewrite(req, peer());
         assert_eq!(out.version(), Version::HTTP_11);
         assert_eq!(out.headers()["host"], "gw.example:8080");
         assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");
@@ -467,8 +467,7 @@ mod tests {
             .header("x-forwarded-host", "forged.example")
             .body(())
             .expect("request");
-        let target = Target::parse("http://127.0.0.1:5000").expect("target");
-        let out = upstream_request(req.into_parts().0, Body::empty(), &target, peer());
+        let out = rewrite(req, peer());
         assert_eq!(out.headers()["host"], "127.0.0.1:5000");
         assert!(!out.headers().contains_key("x-forwarded-host"));
     }

@@ -196,7 +196,7 @@ impl Task {
 /// and the retry (same token) then shows the marker as ours, so an ambiguous reply
 /// never turns into a "duplicate" for a message nobody forwarded.
 async fn claim(gw: &Gateway, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, ClaimFailed> {
-    let call = || timed(gw, StoreOp::Claim, gw.store.claim(key, token, first_seen_ms, ttl));
+    let call = || timed(gw, StoreOp::Claim, || gw.store.claim(key, token, first_seen_ms, ttl));
     let (result, may_have_landed) = match call().await {
         // The repeat may fail differently (say, connection refused once Redis is gone)
         // and still the first attempt may have landed.
@@ -249,19 +249,20 @@ struct ClaimFailed {
     may_have_landed: bool,
 }
 
-/// Runs one store call, measuring and counting it.
+/// Makes one store call, measuring and counting it. The clock starts before the call
+/// is made: the memory store does its work there, not when the future is polled.
 ///
 /// `store.timeout` is applied by the backend itself, not here: Redis must hold the
 /// deadline to discard a connection whose reply is late, and the memory store never
 /// waits on anything. An outer timer per call would cost a timer registration and a
 /// larger future on the hot path for nothing.
-async fn timed<T>(
+async fn timed<T, F: Future<Output = Result<T, StoreError>>>(
     gw: &Gateway,
     op: StoreOp,
-    call: impl Future<Output = Result<T, StoreError>>,
+    call: impl FnOnce() -> F,
 ) -> Result<T, StoreError> {
     let started = Instant::now();
-    let result = call.await;
+    let result = call().await;
     gw.metrics.store_call(op, started.elapsed(), result.is_err());
     result
 }
@@ -286,7 +287,7 @@ fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration)
         let mut pause = Duration::from_millis(100);
         let mut how = OrphanRelease::GaveUp;
         while Instant::now() < deadline {
-            if let Ok(released) = timed(&gw, StoreOp::Release, gw.store.release(&key, token)).await {
+            if let Ok(released) = timed(&gw, StoreOp::Release, || gw.store.release(&key, token)).await {
                 how = if released {
                     OrphanRelease::Released
                 } else {

@@ -125,8 +125,8 @@ impl Owner<'_> {
         Fut: Future<Output = Result<bool, StoreError>>,
     {
         let (route, key) = (&self.route.config.name, &self.key);
-        let (result, repeated) = match timed(&self.gw, op, call()).await {
-            Err(e) if e.is_ambiguous() => (timed(&self.gw, op, call()).await, true),
+        let (result, repeated) = match timed(&self.gw, op, &call).await {
+            Err(e) if e.is_ambiguous() => (timed(&self.gw, op, &call).await, true),
             other => (other, false),
         };
         match result {

@@ -360,14 +360,9 @@ impl MemoryStore {
         inner.processing.compact(&inner.slots, 2 * self.max_entries);
         Ok(Claim::Claimed)
     }
-}
 
-impl Store for MemoryStore {
-    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        self.claim_now(key, token, first_seen_ms, ttl)
-    }
-
-    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
+    /// [`Store::complete`], which here never waits either.
+    pub fn complete_now(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
         let d = self.digest(key);
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -398,7 +393,8 @@ impl Store for MemoryStore {
         Ok(true)
     }
 
-    async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    /// [`Store::release`], which here never waits either.
+    pub fn release_now(&self, key: &str, token: Token) -> Result<bool, StoreError> {
         let d = self.digest(key);
         let mut inner = self.lock();
         let now = inner.now();
@@ -406,6 +402,20 @@ impl Store for MemoryStore {
             .slots
             .remove(d.0, |e| e.digest == d && e.held_by(token, now))
             .is_some())
+    }
+}
+
+impl Store for MemoryStore {
+    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
+        self.claim_now(key, token, first_seen_ms, ttl)
+    }
+
+    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
+        self.complete_now(key, token, completion)
+    }
+
+    async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+        self.release_now(key, token)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {

@@ -11,8 +11,10 @@ pub mod redis;
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -294,17 +296,59 @@ impl AnyStore {
     }
 }
 
+/// The future of a claim, complete or release on [`AnyStore`]: the memory store's reply,
+/// made when the call is (it never waits), or the Redis call, boxed. Nested `async fn`s
+/// would each keep their own copy of the arguments, and the state machine's future,
+/// which holds these calls, is moved and boxed on every request.
+pub enum StoreCall<T, F> {
+    Done(Option<T>),
+    Waiting(Pin<Box<F>>),
+}
+
+impl<T: Unpin, F: Future<Output = T>> Future for StoreCall<T, F> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.get_mut() {
+            StoreCall::Done(reply) => Poll::Ready(reply.take().expect("a store call polled after its reply")),
+            StoreCall::Waiting(call) => call.as_mut().poll(cx),
+        }
+    }
+}
+
+/// Like `each_backend!` for the calls of the state machine: the memory store's
+/// synchronous `*_now` reply, or the Redis future, boxed ([`StoreCall`]).
+macro_rules! each_backend_call {
+    ($self:ident, $store:ident => $now:expr, $call:expr) => {
+        match $self {
+            AnyStore::Memory($store) => StoreCall::Done(Some($now)),
+            AnyStore::Redis($store) => StoreCall::Waiting(Box::pin($call)),
+        }
+    };
+}
+
 impl Store for AnyStore {
-    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        each_backend_async!(self, s => s.claim(key, token, first_seen_ms, ttl))
+    fn claim(
+        &self,
+        key: &str,
+        token: Token,
+        first_seen_ms: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        each_backend_call!(self, s => s.claim_now(key, token, first_seen_ms, ttl), s.claim(key, token, first_seen_ms, ttl))
     }
 
-    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
-        each_backend_async!(self, s => s.complete(key, token, completion))
+    fn complete(
+        &self,
+        key: &str,
+        token: Token,
+        completion: Completion,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        each_backend_call!(self, s => s.complete_now(key, token, completion), s.complete(key, token, completion))
     }
 
-    async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
-        each_backend_async!(self, s => s.release(key, token))
+    fn release(&self, key: &str, token: Token) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        each_backend_call!(self, s => s.release_now(key, token), s.release(key, token))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {

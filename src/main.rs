@@ -16,6 +16,11 @@ use dedup_gateway::shutdown::Stop;
 use dedup_gateway::{Gateway, Listeners};
 use tracing_subscriber::EnvFilter;
 
+/// With the `jemalloc` feature (see Cargo.toml).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "dedup-gateway",

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """dedup-gateway against nginx on the same machine: throughput, latency, CPU per request.
 
-Run through bench/run (it checks the tools and builds the release binaries). Contestants
-(every one in front of the same trivial upstream, an nginx answering 200 "success"):
+Run through bench/run (it checks the tools and builds the binaries, profile dist).
+Contestants (every one in front of the same trivial upstream, an nginx answering 200
+"success"):
 
   direct      wrk -> upstream (the ceiling)
   nginx       nginx as a plain reverse proxy (keepalive pool, 2 workers): the baseline
@@ -37,9 +38,9 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
-GATEWAY = os.path.join(ROOT, "target", "release", "dedup-gateway")
-SENDER_COST = os.path.join(ROOT, "target", "release", "examples", "sender-cost")
-BARE_PROXY = os.path.join(ROOT, "target", "release", "examples", "bare-proxy")
+GATEWAY = os.path.join(ROOT, "target", "dist", "dedup-gateway")
+SENDER_COST = os.path.join(ROOT, "target", "dist", "examples", "sender-cost")
+BARE_PROXY = os.path.join(ROOT, "target", "dist", "examples", "bare-proxy")
 TICK = os.sysconf("SC_CLK_TCK")
 PROCS = []  # every process started, stopped by PID at exit
 

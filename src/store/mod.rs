@@ -300,7 +300,7 @@ impl AnyStore {
 /// made when the call is (it never waits), or the Redis call, boxed. Nested `async fn`s
 /// would each keep their own copy of the arguments, and the state machine's future,
 /// which holds these calls, is moved and boxed on every request.
-pub enum StoreCall<T, F> {
+enum StoreCall<T, F> {
     Done(Option<T>),
     Waiting(Pin<Box<F>>),
 }

@@ -183,9 +183,11 @@ pub fn ready_connections(authority: &Authority) -> usize {
 
 impl Pool {
     fn idle(&mut self, authority: &Authority) -> Option<&mut VecDeque<Idle>> {
+        // Byte equality, not `Authority`'s case-insensitive `==` (a byte loop, twice per
+        // request): routes that spell one host two ways only keep two pools.
         self.upstreams
             .iter_mut()
-            .find(|(a, _)| a == authority)
+            .find(|(a, _)| a.as_str() == authority.as_str())
             .map(|(_, idle)| idle)
     }
 }

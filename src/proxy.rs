@@ -9,6 +9,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use crate::body::Body;
 use crate::pool::{self, SendError};
@@ -78,15 +79,17 @@ impl Upstream {
         Upstream
     }
 
-    /// Sends a request (origin-form URI, Host set) to `authority` and waits at most
-    /// `timeout` for the response head.
+    /// Sends a request (origin-form URI, Host set) to `authority` and waits for the
+    /// response head until `timeout` after `started` (the caller's clock reading, which
+    /// it also times the call by: one reading, not one for each).
     pub async fn send(
         &self,
         authority: &Authority,
         request: Request<Body>,
+        started: Instant,
         timeout: Duration,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, pool::send(authority, request)).await {
+        match tokio::time::timeout_at(started + timeout, pool::send(authority, request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Connect(e)),
             Err(_) => Err(UpstreamError::Timeout(timeout)),

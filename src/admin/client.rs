@@ -80,7 +80,12 @@ pub async fn key_request(
         source: UpstreamError::Request(e),
     })?;
     let response = Upstream::new()
-        .send(&authority, request, Duration::from_secs(10))
+        .send(
+            &authority,
+            request,
+            tokio::time::Instant::now(),
+            Duration::from_secs(10),
+        )
         .await
         .map_err(|source| ClientError::Request {
             url: base.to_owned(),

@@ -135,7 +135,9 @@ impl Task {
     async fn run(self, req: Request, mut first: Option<Result<Claim, ClaimFailed>>) -> Result<Answer, GatewayError> {
         let (gw, route) = (&self.gw, &self.route);
         let policy = &route.config.policy;
-        let deadline = Instant::now() + policy.in_flight_wait;
+        // Set when PROCESSING is first seen: the hold starts there (and an owner, the
+        // usual case, never reads the clock for it).
+        let mut deadline = None;
         let mut waits = 0u32;
         loop {
             let claimed = match first.take() {
@@ -178,6 +180,7 @@ impl Task {
                 InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
                 InFlight::Wait => {
                     let now = Instant::now();
+                    let deadline = *deadline.get_or_insert(now + policy.in_flight_wait);
                     if now >= deadline {
                         return Err(GatewayError::InFlight);
                     }
@@ -335,31 +338,25 @@ pub async fn forward_unowned(
     peer: Peer,
     outcome: Outcome,
 ) -> Result<Answer, GatewayError> {
-    match send(gw, route, head, body, peer).await {
+    match send(gw, route, head, body, peer, Instant::now()).await {
         Ok(response) => Ok(answer(outcome, proxy::downstream_response(response))),
         Err(error) => Err(GatewayError::Upstream { error, outcome }),
     }
 }
 
 /// Rewrites a request for the route's upstream and sends it, counting the result
-/// class and latency.
+/// class and latency. `upstream_timeout` and the latency run from `started`.
 pub async fn send(
     gw: &Gateway,
     route: &Route,
     head: http::request::Parts,
     body: Body,
     peer: Peer,
+    started: Instant,
 ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
     let request = proxy::upstream_request(head, body, &route.config.upstream, peer);
-    let started = Instant::now();
-    let result = gw
-        .upstream
-        .send(
-            &route.config.upstream.authority,
-            request,
-            route.config.policy.upstream_timeout,
-        )
-        .await;
+    let (authority, timeout) = (&route.config.upstream.authority, route.config.policy.upstream_timeout);
+    let result = gw.upstream.send(authority, request, started, timeout).await;
     let class = match &result {
         Ok(response) => UpstreamClass::of_status(response.status()),
         Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,

@@ -19,13 +19,14 @@ use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredRespons
 /// request's [`Task`], so nothing here is cancelled when the sender hangs up.
 pub(super) async fn forward(task: &Task, req: Request) -> Result<Answer, GatewayError> {
     let owner = Owner(task);
-    let deadline = Instant::now() + owner.route.config.policy.upstream_timeout;
+    let started = Instant::now();
+    let deadline = started + owner.route.config.policy.upstream_timeout;
     let result = tokio::select! {
         // Looked at first: a waiter promoted after the grace ended must not start a
         // delivery it would abandon at once.
         biased;
         () = owner.gw.abandoned().cancelled_owned() => return owner.abandon().await,
-        result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer) => result,
+        result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer, started) => result,
     };
     match result {
         Ok(response) if response.status().is_success() => owner.succeeded(response, deadline).await,

@@ -5,7 +5,8 @@
 //!
 //! - [`config`]: `gateway.toml` into validated types; every problem with its key path.
 //! - [`server`]: accept loop and the drain on shutdown; [`conn`]: one connection
-//!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds.
+//!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds; [`timer`]: the per-worker
+//!   timer behind hyper's HTTP/1 header timeout.
 //! - [`framing`]: follows HTTP/1 request framing as hyper does; 400 for requests framed
 //!   by both Content-Length and Transfer-Encoding (or that hyper would refuse).
 //! - [`handler`]: one request: route, read body, derive key, hand to the state machine.
@@ -42,6 +43,7 @@ pub mod senders;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod timer;
 
 pub use config::Config;
 pub use gateway::Gateway;

@@ -19,6 +19,7 @@ use crate::config::ServerConfig;
 use crate::conn::{self, Protocols, Signal};
 use crate::gateway::Gateway;
 use crate::store::Store as _;
+use crate::timer::CoarseTimer;
 
 /// The sockets the gateway serves on, bound before anything runs (tests bind port 0):
 /// one proxy socket per worker, all on the same port (`SO_REUSEPORT`: the kernel spreads
@@ -80,7 +81,7 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         admin::spawn(Arc::clone(&gw), admin);
     }
     let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new()).header_read_timeout(server.header_timeout);
+    h1.timer(CoarseTimer).header_read_timeout(server.header_timeout);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new());
     let protocols = Arc::new(Protocols {
@@ -187,6 +188,7 @@ fn worker(
                 return;
             }
         };
+        crate::timer::use_on_this_thread();
         gw.store.prepare_thread().await;
         gw.workers_starting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         drop(started);

@@ -2,6 +2,7 @@
 //! header timeout, and HTTP/2 (h2c) behaving as HTTP/1.1 does.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -211,6 +212,54 @@ async fn header_timeout_cuts_off_slow_silent_and_idle_clients() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
     assert_eq!(upstream.count(), 1);
+}
+
+/// The header timer restarts with each request: a kept-alive connection whose client
+/// sends a request every half `header_timeout` is served for many times that long.
+#[tokio::test]
+async fn a_busy_kept_alive_connection_outlives_header_timeout() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().server("header_timeout = \"300ms\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let started = std::time::Instant::now();
+    for i in 0..8 {
+        let body = msg(&format!("busy-{i}"));
+        let request = format!(
+            "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let head = within("a response", read_response(&mut stream)).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "request {i}: {head}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(started.elapsed() > Duration::from_millis(900));
+    assert_eq!(upstream.count(), 8);
+}
+
+/// Reads one response (with a `Content-Length` body) and returns its head.
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = stream.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let Some(end) = text.find("\r\n\r\n") else { continue };
+        let length: usize = text[..end]
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().expect("length"))
+            })
+            .expect("content-length");
+        if buf.len() >= end + 4 + length {
+            return text[..end].to_owned();
+        }
+    }
 }
 
 #[tokio::test]

@@ -221,19 +221,34 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
 /// Removes the fields that the `Connection` lines name, other than the fixed ones
 /// (left to the caller, `Connection` with them: removing it here would shift the lines).
 fn strip_connection_named(headers: &mut HeaderMap) {
+    // Nearly always the lines name only fixed fields (`Connection: keep-alive` from
+    // every kept-alive upstream): one look at them, and nothing more to do.
+    if !headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|line| other_names(line).next().is_some())
+    {
+        return;
+    }
     // Each line is read once and its names removed by `&str`, so no list and no
     // `HeaderName` is allocated per message. (Cloning a line is a reference count: it
     // shares hyper's buffer.)
     let mut line_index = 0;
     while let Some(line) = headers.get_all(header::CONNECTION).iter().nth(line_index).cloned() {
         line_index += 1;
-        for name in line.to_str().unwrap_or_default().split(',').map(str::trim) {
-            let fixed = HOP_BY_HOP.iter().any(|fixed| name.eq_ignore_ascii_case(fixed.as_str()));
-            if !name.is_empty() && !fixed {
-                headers.remove(name);
-            }
+        for name in other_names(&line) {
+            headers.remove(name);
         }
     }
+}
+
+/// The names a `Connection` line lists, other than the fixed hop-by-hop fields.
+fn other_names(line: &HeaderValue) -> impl Iterator<Item = &str> {
+    line.to_str()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && !HOP_BY_HOP.iter().any(|fixed| name.eq_ignore_ascii_case(fixed.as_str())))
 }
 
 fn append_forwarded_for(headers: &mut HeaderMap, addr: SocketAddr) {

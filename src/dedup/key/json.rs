@@ -45,10 +45,13 @@ fn key_text(raw: &RawValue) -> Result<Cow<'_, str>, Miss> {
     let text = raw.get();
     match text.as_bytes().first() {
         Some(b'"') => {
-            let s: Cow<str> = match serde_json::from_str::<&str>(text) {
-                Ok(borrowed) => Cow::Borrowed(borrowed),
+            let s: Cow<str> = if text.len() >= 2 && !text.contains('\\') {
+                // A string token the parser accepted, without escapes, is its own text
+                // between the quotes: no second parse.
+                Cow::Borrowed(&text[1..text.len() - 1])
+            } else {
                 // Escapes need decoding into a new string.
-                Err(_) => Cow::Owned(serde_json::from_str::<String>(text).map_err(|_| Miss::NotJson)?),
+                Cow::Owned(serde_json::from_str::<String>(text).map_err(|_| Miss::NotJson)?)
             };
             if s.is_empty() { Err(Miss::Empty) } else { Ok(s) }
         }

@@ -19,6 +19,9 @@ use crate::reload::Reloader;
 use crate::routing::Routes;
 use crate::store::{AnyStore, Store, unix_ms};
 
+mod abandon;
+pub use abandon::Abandoned;
+
 pub struct Gateway {
     pub routes: ArcSwap<Routes>,
     pub store: AnyStore,
@@ -35,9 +38,11 @@ pub struct Gateway {
     pub admin_token: Option<Secret>,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
-    /// Cancelled when the shutdown grace ends: owners still running release and stop.
-    /// Requests wait on [`Gateway::abandoned`], a per-thread child of it.
-    pub abandon: CancellationToken,
+    /// Set, then cancelled, when the shutdown grace ends ([`Gateway::abandon_owners`]):
+    /// owners still running release and stop. Requests wait on it through
+    /// [`Gateway::abandoned`], which reads the flag first.
+    abandoning: AtomicBool,
+    abandon: CancellationToken,
     /// Tells this gateway's per-thread state from another's (tests run several).
     id: u64,
     /// Background releases of claims that may have landed (see `dedup::release_orphan`).
@@ -54,12 +59,6 @@ pub struct Gateway {
 
 /// Numbers gateways for their per-thread state.
 static NEXT_GATEWAY: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// Per gateway, this thread's child of its `abandon` token: waiting on the shared
-    /// token would make every request of every worker register with one mutex.
-    static ABANDON: std::cell::RefCell<Vec<(u64, CancellationToken)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// How fresh the last successful store ping must be for `/readyz`.
 const READY_WINDOW: Duration = Duration::from_millis(1500);
@@ -83,6 +82,7 @@ impl Gateway {
             trusted_proxies: config.server.trusted_proxies.clone(),
             admin_token: config.server.admin_token.clone(),
             tasks: TaskTracker::new(),
+            abandoning: AtomicBool::new(false),
             abandon: CancellationToken::new(),
             id: NEXT_GATEWAY.fetch_add(1, Ordering::Relaxed),
             orphan_releases: AtomicUsize::new(0),
@@ -99,16 +99,15 @@ impl Gateway {
         self.routes.store(Arc::new(Routes::new(&config.routes, &self.metrics)));
     }
 
-    /// The `abandon` token as this thread sees it (cancelled with it).
-    pub fn abandoned(&self) -> CancellationToken {
-        ABANDON.with_borrow_mut(|tokens| {
-            if let Some((_, token)) = tokens.iter().find(|(id, _)| *id == self.id) {
-                return token.clone();
-            }
-            let token = self.abandon.child_token();
-            tokens.push((self.id, token.clone()));
-            token
-        })
+    /// Completes once the shutdown grace is over ([`Gateway::abandon_owners`]).
+    pub fn abandoned(&self) -> Abandoned<'_> {
+        Abandoned::new(self)
+    }
+
+    /// Ends the shutdown grace: every [`Gateway::abandoned`] completes.
+    pub fn abandon_owners(&self) {
+        self.abandoning.store(true, Ordering::Release);
+        self.abandon.cancel();
     }
 
     pub fn start_draining(&self) {

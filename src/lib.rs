@@ -44,6 +44,7 @@ pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod timer;
+pub mod waiters;
 
 pub use config::Config;
 pub use gateway::Gateway;

@@ -238,7 +238,7 @@ async fn drain(gw: &Gateway, connections: &TaskTracker, grace: Duration) {
         still_running = gw.tasks.len(),
         "shutdown grace over: abandoning in-flight requests"
     );
-    gw.abandon.cancel();
+    gw.abandon_owners();
     // The abandoned requests release their claims, then their connections write the
     // 503s: both must happen before the process exits.
     let released = tokio::time::timeout(RELEASE_BUDGET, async {

@@ -15,13 +15,14 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::rt::{Sleep, Timer};
 use hyper_util::rt::TokioTimer;
 use tokio::runtime::{Handle, RuntimeFlavor};
+
+use crate::waiters::{Key, Waiters};
 
 /// How often a worker looks for due sleeps: the most a timeout fires late.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -57,8 +58,7 @@ pub fn use_on_this_thread() {
 /// A sleep of [`CoarseTimer`]: no slot until it is first polled.
 struct CoarseSleep {
     deadline: Instant,
-    /// Where it waits: index into the thread's table, and the slot's id there.
-    slot: Option<(usize, u64)>,
+    slot: Option<Key>,
 }
 
 impl Sleep for CoarseSleep {}
@@ -67,46 +67,41 @@ impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let deadline = self.deadline;
-        let waiting = TABLE.with_borrow_mut(|table| match self.slot {
-            Some((index, id)) => table.poll(index, id, cx.waker()),
-            None => Some(table.insert(deadline, cx.waker().clone())),
+        let (deadline, slot) = (self.deadline, self.slot);
+        let (waiting, start_watch) = TABLE.with_borrow_mut(|table| match slot {
+            // Gone: it fired.
+            Some(key) => (table.sleeps.refresh(key, cx.waker()).then_some(key), false),
+            None => {
+                let key = table.sleeps.insert(deadline, cx.waker().clone());
+                table.earliest = Some(table.earliest.map_or(deadline, |e| e.min(deadline)));
+                (Some(key), !std::mem::replace(&mut table.watching, true))
+            }
         });
+        if start_watch {
+            tokio::spawn(watch());
+        }
         match waiting {
-            None => Poll::Ready(()),
-            Some(Waiting::Still) => Poll::Pending,
-            Some(Waiting::Inserted {
-                index,
-                id,
-                watch: start,
-            }) => {
-                self.slot = Some((index, id));
-                if start {
-                    tokio::spawn(watch());
-                }
+            Some(key) => {
+                self.slot = Some(key);
                 Poll::Pending
             }
+            None => Poll::Ready(()),
         }
     }
 }
 
 impl Drop for CoarseSleep {
     fn drop(&mut self) {
-        if let Some((index, id)) = self.slot {
+        if let Some(key) = self.slot {
             // `try_with`: a connection dropped while its thread exits finds no table.
             let _ = TABLE.try_with(|table| {
                 if let Ok(mut table) = table.try_borrow_mut() {
-                    table.remove(index, id);
+                    table.sleeps.remove(key);
                 }
             });
         }
     }
 }
-
-/// Tables taken so far: a table's ids start at its number shifted up 40 bits, so ids
-/// are unique across threads and a sleep polled or dropped on a thread it did not
-/// start on (never on a worker) cannot take another sleep's slot for its own.
-static TABLES: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static TABLE: RefCell<Table> = RefCell::default();
@@ -116,101 +111,27 @@ thread_local! {
 /// A thread's waiting sleeps.
 #[derive(Default)]
 struct Table {
-    /// The id of the next slot taken (0 until the first).
-    next_id: u64,
-    slots: Vec<Slot>,
-    free: Vec<usize>,
-    used: usize,
+    sleeps: Waiters<Instant>,
     /// Whether a [`watch`] task runs for this table.
     watching: bool,
-    /// No slot is due before this (a lower bound: a freed slot may have set it).
+    /// No sleep is due before this (a lower bound: a dropped sleep may have set it).
     earliest: Option<Instant>,
 }
 
-struct Slot {
-    /// 0: free (or fired, which frees it).
-    id: u64,
-    deadline: Instant,
-    waker: Option<Waker>,
-}
-
-enum Waiting {
-    Still,
-    /// `watch`: no task watches the table yet; the caller starts one.
-    Inserted {
-        index: usize,
-        id: u64,
-        watch: bool,
-    },
-}
-
 impl Table {
-    fn insert(&mut self, deadline: Instant, waker: Waker) -> Waiting {
-        if self.next_id == 0 {
-            self.next_id = (TABLES.fetch_add(1, Ordering::Relaxed) << 40) | 1;
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        let slot = Slot {
-            id,
-            deadline,
-            waker: Some(waker),
-        };
-        let index = match self.free.pop() {
-            Some(index) => {
-                self.slots[index] = slot;
-                index
-            }
-            None => {
-                self.slots.push(slot);
-                self.slots.len() - 1
-            }
-        };
-        self.used += 1;
-        self.earliest = Some(self.earliest.map_or(deadline, |e| e.min(deadline)));
-        let watch = !std::mem::replace(&mut self.watching, true);
-        Waiting::Inserted { index, id, watch }
-    }
-
-    /// `None` once the slot has fired (it is then free, or another sleep's).
-    fn poll(&mut self, index: usize, id: u64, waker: &Waker) -> Option<Waiting> {
-        let slot = self.slots.get_mut(index).filter(|s| s.id == id)?;
-        if !slot.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            slot.waker = Some(waker.clone());
-        }
-        Some(Waiting::Still)
-    }
-
-    fn remove(&mut self, index: usize, id: u64) {
-        if let Some(slot) = self.slots.get_mut(index).filter(|s| s.id == id) {
-            slot.id = 0;
-            slot.waker = None;
-            self.free.push(index);
-            self.used -= 1;
-        }
-    }
-
-    /// Wakes (and frees) the slots due at `now`.
+    /// Wakes (and frees) the sleeps due at `now`.
     fn fire(&mut self, now: Instant) {
         if self.earliest.is_none_or(|e| e > now) {
             return;
         }
         let mut earliest = None::<Instant>;
-        for (index, slot) in self.slots.iter_mut().enumerate() {
-            if slot.id == 0 {
-                continue;
+        self.sleeps.wake_where(|&deadline| {
+            let due = deadline <= now;
+            if !due {
+                earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
             }
-            if slot.deadline <= now {
-                slot.id = 0;
-                if let Some(waker) = slot.waker.take() {
-                    waker.wake();
-                }
-                self.free.push(index);
-                self.used -= 1;
-            } else {
-                earliest = Some(earliest.map_or(slot.deadline, |e| e.min(slot.deadline)));
-            }
-        }
+            due
+        });
         self.earliest = earliest;
     }
 }
@@ -222,7 +143,7 @@ async fn watch() {
         tokio::time::sleep(TICK).await;
         let done = TABLE.with_borrow_mut(|table| {
             table.fire(Instant::now());
-            table.watching = table.used > 0;
+            table.watching = !table.sleeps.is_empty();
             !table.watching
         });
         if done {
@@ -258,7 +179,7 @@ mod tests {
             sleep.await;
             let took = started.elapsed();
             assert!(took >= Duration::from_millis(250), "ended early: {took:?}");
-            assert_eq!(table(|t| t.used), 0, "a fired sleep frees its slot");
+            assert_eq!(table(|t| t.sleeps.len()), 0, "a fired sleep frees its slot");
         });
     }
 
@@ -268,18 +189,16 @@ mod tests {
             let mut first = CoarseTimer.sleep(Duration::from_secs(60));
             let mut second = CoarseTimer.sleep(Duration::from_secs(60));
             // Polled once each: both wait in the table, one watch for both.
-            let mut cx = Context::from_waker(Waker::noop());
+            let mut cx = Context::from_waker(std::task::Waker::noop());
             assert!(first.as_mut().poll(&mut cx).is_pending());
             assert!(second.as_mut().poll(&mut cx).is_pending());
-            assert_eq!(table(|t| (t.used, t.watching)), (2, true));
+            assert_eq!(table(|t| (t.sleeps.len(), t.watching)), (2, true));
             drop(first);
-            assert_eq!(table(|t| t.used), 1);
-            // A slot freed and taken again belongs to the new sleep only.
+            assert_eq!(table(|t| t.sleeps.len()), 1);
             let mut third = CoarseTimer.sleep(Duration::from_secs(60));
             assert!(third.as_mut().poll(&mut cx).is_pending());
-            assert_eq!(table(|t| (t.used, t.slots.len())), (2, 2), "the freed slot is reused");
             drop((second, third));
-            assert_eq!(table(|t| t.used), 0);
+            assert_eq!(table(|t| t.sleeps.len()), 0);
             // The watch ends at its next look; nothing wakes an idle worker after that.
             while table(|t| t.watching) {
                 tokio::time::sleep(TICK).await;

@@ -186,7 +186,7 @@ impl Task {
                     }
                     tokio::select! {
                         () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
-                        () = gw.abandoned().cancelled_owned() => return Err(GatewayError::Abandoned),
+                        () = gw.abandoned() => return Err(GatewayError::Abandoned),
                     }
                     waits += 1;
                 }

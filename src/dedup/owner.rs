@@ -25,7 +25,7 @@ pub(super) async fn forward(task: &Task, req: Request) -> Result<Answer, Gateway
         // Looked at first: a waiter promoted after the grace ended must not start a
         // delivery it would abandon at once.
         biased;
-        () = owner.gw.abandoned().cancelled_owned() => return owner.abandon().await,
+        () = owner.gw.abandoned() => return owner.abandon().await,
         result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer, started) => result,
     };
     match result {
@@ -73,7 +73,7 @@ impl Owner<'_> {
                 biased;
                 // Shutting down mid-body: the work is done, so complete rather than leave
                 // PROCESSING for a later retry to deliver again.
-                () = self.gw.abandoned().cancelled_owned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
+                () = self.gw.abandoned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
                 captured = tokio::time::timeout_at(deadline, capture(response)) => captured,
             };
             match captured {

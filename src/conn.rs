@@ -11,8 +11,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -23,12 +23,12 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::framing::FramingGuard;
 use crate::gateway::Gateway;
 use crate::handler;
 use crate::proxy::Peer;
+use crate::waiters::Signal;
 
 /// How connections are served, shared by every connection task.
 pub struct Protocols {
@@ -42,62 +42,6 @@ pub struct Protocols {
     /// Raised when the drain starts: every connection finishes what it is doing and
     /// closes (HTTP/1: after the current response; h2c: GOAWAY).
     pub draining: Signal,
-}
-
-/// A one-way signal to every connection. A connection's task looks at it on every
-/// wake-up (a few per request), and a cancellation token's own future takes the
-/// token's mutexes each time it is polled: mutexes shared by every connection of
-/// every worker, so two workers would pass their cache lines back and forth all day.
-/// Here a poll after the first reads a flag and compares wakers; the token is only
-/// what wakes the waiting connections.
-#[derive(Default)]
-pub struct Signal {
-    raised: AtomicBool,
-    token: CancellationToken,
-}
-
-impl Signal {
-    pub fn raise(&self) {
-        self.raised.store(true, Ordering::Release);
-        self.token.cancel();
-    }
-
-    /// Completes once the signal is raised.
-    fn raised(&self) -> Raised<'_> {
-        Raised {
-            raised: &self.raised,
-            wait: Box::pin(self.token.cancelled()),
-            registered: None,
-        }
-    }
-}
-
-/// See [`Signal::raised`].
-struct Raised<'a> {
-    raised: &'a AtomicBool,
-    wait: Pin<Box<WaitForCancellationFuture<'a>>>,
-    /// The waker the token will wake: while the task's waker is this one, polling
-    /// the token again would only take its locks to find the same waker there.
-    registered: Option<Waker>,
-}
-
-impl Future for Raised<'_> {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // Set before the token is cancelled, so a wake-up by the token finds it set.
-        if self.raised.load(Ordering::Acquire) {
-            return Poll::Ready(());
-        }
-        if self.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            return Poll::Pending;
-        }
-        if self.wait.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(());
-        }
-        self.registered = Some(cx.waker().clone());
-        Poll::Pending
-    }
 }
 
 /// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
@@ -396,34 +340,6 @@ mod tests {
         let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 1];
         f.extend_from_slice(payload);
         f
-    }
-
-    #[test]
-    fn a_raised_signal_wakes_and_completes_its_waiters_once_polled_cheaply() {
-        use std::sync::atomic::AtomicUsize;
-        use std::task::Wake;
-
-        struct Count(AtomicUsize);
-        impl Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(Arc::clone(&count));
-        let mut cx = Context::from_waker(&waker);
-        let signal = Signal::default();
-        let mut raised = signal.raised();
-        for _ in 0..3 {
-            assert!(Pin::new(&mut raised).poll(&mut cx).is_pending());
-        }
-        assert!(raised.registered.is_some(), "registered after the first poll");
-        assert_eq!(count.0.load(Ordering::Relaxed), 0);
-        signal.raise();
-        assert_eq!(count.0.load(Ordering::Relaxed), 1, "raising wakes the waiter");
-        assert!(Pin::new(&mut raised).poll(&mut cx).is_ready());
-        // Raised before anyone waits: ready at once.
-        assert!(Pin::new(&mut signal.raised()).poll(&mut cx).is_ready());
     }
 
     #[tokio::test]

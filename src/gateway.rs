@@ -6,7 +6,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
@@ -19,8 +18,7 @@ use crate::reload::Reloader;
 use crate::routing::Routes;
 use crate::store::{AnyStore, Store, unix_ms};
 
-mod abandon;
-pub use abandon::Abandoned;
+use crate::waiters::{Raised, Signal};
 
 pub struct Gateway {
     pub routes: ArcSwap<Routes>,
@@ -38,13 +36,9 @@ pub struct Gateway {
     pub admin_token: Option<Secret>,
     /// Owner tasks (forward + complete/release); shutdown waits for them.
     pub tasks: TaskTracker,
-    /// Set, then cancelled, when the shutdown grace ends ([`Gateway::abandon_owners`]):
-    /// owners still running release and stop. Requests wait on it through
-    /// [`Gateway::abandoned`], which reads the flag first.
-    abandoning: AtomicBool,
-    abandon: CancellationToken,
-    /// Tells this gateway's per-thread state from another's (tests run several).
-    id: u64,
+    /// Raised when the shutdown grace ends ([`Gateway::abandon_owners`]): owners still
+    /// running release and stop. Every owner waits on it ([`Gateway::abandoned`]).
+    abandon: Signal,
     /// Background releases of claims that may have landed (see `dedup::release_orphan`).
     pub orphan_releases: AtomicUsize,
     /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
@@ -56,9 +50,6 @@ pub struct Gateway {
     /// When the store last answered a ping (Unix ms); 0 = never.
     store_ok_ms: AtomicU64,
 }
-
-/// Numbers gateways for their per-thread state.
-static NEXT_GATEWAY: AtomicU64 = AtomicU64::new(0);
 
 /// How fresh the last successful store ping must be for `/readyz`.
 const READY_WINDOW: Duration = Duration::from_millis(1500);
@@ -82,9 +73,7 @@ impl Gateway {
             trusted_proxies: config.server.trusted_proxies.clone(),
             admin_token: config.server.admin_token.clone(),
             tasks: TaskTracker::new(),
-            abandoning: AtomicBool::new(false),
-            abandon: CancellationToken::new(),
-            id: NEXT_GATEWAY.fetch_add(1, Ordering::Relaxed),
+            abandon: Signal::default(),
             orphan_releases: AtomicUsize::new(0),
             reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
@@ -100,14 +89,13 @@ impl Gateway {
     }
 
     /// Completes once the shutdown grace is over ([`Gateway::abandon_owners`]).
-    pub fn abandoned(&self) -> Abandoned<'_> {
-        Abandoned::new(self)
+    pub fn abandoned(&self) -> Raised<'_> {
+        self.abandon.raised()
     }
 
     /// Ends the shutdown grace: every [`Gateway::abandoned`] completes.
     pub fn abandon_owners(&self) {
-        self.abandoning.store(true, Ordering::Release);
-        self.abandon.cancel();
+        self.abandon.raise();
     }
 
     pub fn start_draining(&self) {

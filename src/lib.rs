@@ -6,7 +6,8 @@
 //! - [`config`]: `gateway.toml` into validated types; every problem with its key path.
 //! - [`server`]: accept loop and the drain on shutdown; [`conn`]: one connection
 //!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds; [`timer`]: the per-worker
-//!   timer behind hyper's HTTP/1 header timeout.
+//!   timer behind hyper's HTTP/1 header timeout; [`waiters`]: cheap waits on a worker
+//!   (the timer's, and [`waiters::Signal`]: the drain and the end of the grace).
 //! - [`framing`]: follows HTTP/1 request framing as hyper does; 400 for requests framed
 //!   by both Content-Length and Transfer-Encoding (or that hyper would refuse).
 //! - [`handler`]: one request: route, read body, derive key, hand to the state machine.

@@ -16,10 +16,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin;
 use crate::config::ServerConfig;
-use crate::conn::{self, Protocols, Signal};
+use crate::conn::{self, Protocols};
 use crate::gateway::Gateway;
 use crate::store::Store as _;
 use crate::timer::CoarseTimer;
+use crate::waiters::{self, Signal};
 
 /// The sockets the gateway serves on, bound before anything runs (tests bind port 0):
 /// one proxy socket per worker, all on the same port (`SO_REUSEPORT`: the kernel spreads
@@ -188,7 +189,7 @@ fn worker(
                 return;
             }
         };
-        crate::timer::use_on_this_thread();
+        waiters::mark_worker();
         gw.store.prepare_thread().await;
         gw.workers_starting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         drop(started);

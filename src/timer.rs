@@ -9,20 +9,18 @@
 //! nothing.
 //!
 //! The table is per thread, which is right for the worker runtimes (current-thread:
-//! a connection never changes threads); a worker says so with [`use_on_this_thread`].
-//! On any other thread the timer hands out tokio's sleeps.
+//! a connection never changes threads); on a thread that is not a worker
+//! ([`crate::waiters::mark_worker`]) the timer hands out tokio's sleeps.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::waiters::{self, Key, Waiters};
 use hyper::rt::{Sleep, Timer};
 use hyper_util::rt::TokioTimer;
-use tokio::runtime::{Handle, RuntimeFlavor};
-
-use crate::waiters::{Key, Waiters};
 
 /// How often a worker looks for due sleeps: the most a timeout fires late.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -37,22 +35,12 @@ impl Timer for CoarseTimer {
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Sleep>> {
-        if TABLE_HERE.get() {
+        if waiters::on_worker() {
             Box::pin(CoarseSleep { deadline, slot: None })
         } else {
             TokioTimer::new().sleep_until(deadline)
         }
     }
-}
-
-/// Makes this thread's [`CoarseTimer`] sleeps wait in its table. Only for a thread that
-/// runs a current-thread runtime for good (a worker): the table's watch is a task on it.
-pub fn use_on_this_thread() {
-    assert!(
-        Handle::current().runtime_flavor() == RuntimeFlavor::CurrentThread,
-        "the coarse timer needs a current-thread runtime"
-    );
-    TABLE_HERE.set(true);
 }
 
 /// A sleep of [`CoarseTimer`]: no slot until it is first polled.
@@ -105,7 +93,6 @@ impl Drop for CoarseSleep {
 
 thread_local! {
     static TABLE: RefCell<Table> = RefCell::default();
-    static TABLE_HERE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A thread's waiting sleeps.
@@ -155,16 +142,7 @@ async fn watch() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A runtime on this thread, as a worker's.
-    fn worker() -> tokio::runtime::Runtime {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async { use_on_this_thread() });
-        runtime
-    }
+    use crate::waiters::tests::worker;
 
     fn table<T>(f: impl FnOnce(&Table) -> T) -> T {
         TABLE.with_borrow(f)

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::body::Body;
 use crate::pool::{self, SendError};
+use crate::timer;
 
 /// Where a route forwards to: scheme and authority; the path comes from the request.
 #[derive(Clone, Debug)]
@@ -89,10 +90,10 @@ impl Upstream {
         started: Instant,
         timeout: Duration,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout_at(started + timeout, pool::send(authority, request)).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(UpstreamError::Connect(e)),
-            Err(_) => Err(UpstreamError::Timeout(timeout)),
+        match timer::within((started + timeout).into_std(), pool::send(authority, request)).await {
+            Some(Ok(response)) => Ok(response),
+            Some(Err(e)) => Err(UpstreamError::Connect(e)),
+            None => Err(UpstreamError::Timeout(timeout)),
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::config::ServerConfig;
 use crate::conn::{self, Protocols};
 use crate::gateway::Gateway;
 use crate::store::Store as _;
-use crate::timer::CoarseTimer;
+use crate::timer::WorkerTimer;
 use crate::waiters::{self, Signal};
 
 /// The sockets the gateway serves on, bound before anything runs (tests bind port 0):
@@ -82,7 +82,7 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         admin::spawn(Arc::clone(&gw), admin);
     }
     let mut h1 = http1::Builder::new();
-    h1.timer(CoarseTimer).header_read_timeout(server.header_timeout);
+    h1.timer(WorkerTimer).header_read_timeout(server.header_timeout);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new());
     let protocols = Arc::new(Protocols {

@@ -1,57 +1,110 @@
-//! hyper's header timer on HTTP/1 connections, made cheap. hyper starts a timer each
-//! time it waits for a request head (every request on a kept-alive connection) and
-//! drops it once the head is in. With tokio's timer that is an allocation, a clock
+//! Timers that almost never fire, made cheap: hyper's header timer on HTTP/1
+//! connections (armed each time it waits for a request head, on a kept-alive
+//! connection every request, and dropped once the head is in) and the upstream
+//! timeout (armed for every forwarded request). With tokio's timer each is a clock
 //! read, an insert into the runtime's timer wheel under its lock and a removal under
-//! it again, per request, for a timer that almost never fires. Here a sleep is a
-//! slot in its worker thread's table: taken when hyper first waits on it, freed when
-//! hyper drops it, and a task per worker looks every [`TICK`] for slots that are due.
-//! A timeout so fires up to [`TICK`] late, which for `header_timeout` (seconds) is
-//! nothing.
+//! it again, per request. Here a sleep is a slot in its worker thread's table: taken
+//! when first polled, freed when dropped. A task per worker sleeps (on one tokio
+//! timer) until the earliest deadline in the table and wakes the sleeps that are due,
+//! so a sleep ends at its deadline as a tokio sleep would: the timer wheel sees one
+//! entry per worker, re-armed when the earliest deadline passes or an earlier one
+//! arrives, not one per request.
 //!
 //! The table is per thread, which is right for the worker runtimes (current-thread:
 //! a connection never changes threads); on a thread that is not a worker
-//! ([`crate::waiters::mark_worker`]) the timer hands out tokio's sleeps.
+//! ([`crate::waiters::mark_worker`]) the sleeps are tokio's.
 
 use std::cell::RefCell;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::waiters::{self, Key, Waiters};
 use hyper::rt::{Sleep, Timer};
 use hyper_util::rt::TokioTimer;
 
-/// How often a worker looks for due sleeps: the most a timeout fires late.
-pub const TICK: Duration = Duration::from_millis(100);
-
 /// A [`Timer`] for hyper whose sleeps live in the worker thread's table.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CoarseTimer;
+pub struct WorkerTimer;
 
-impl Timer for CoarseTimer {
+impl Timer for WorkerTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Sleep>> {
         self.sleep_until(Instant::now() + duration)
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Sleep>> {
         if waiters::on_worker() {
-            Box::pin(CoarseSleep { deadline, slot: None })
+            Box::pin(TableSleep { deadline, slot: None })
         } else {
             TokioTimer::new().sleep_until(deadline)
         }
     }
 }
 
-/// A sleep of [`CoarseTimer`]: no slot until it is first polled.
-struct CoarseSleep {
+/// Runs `future` until `deadline`: its output, or `None` if the deadline came first.
+/// `future` is polled first, so one that is ready at the deadline still counts.
+pub fn within<F: Future>(deadline: Instant, future: F) -> Within<F> {
+    Within {
+        future,
+        sleep: sleep_until(deadline),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`within`]. A named future rather than an `async fn`, which would hold
+    /// `future` twice (as its argument and pinned).
+    pub struct Within<F> {
+        #[pin]
+        future: F,
+        sleep: Deadline,
+    }
+}
+
+impl<F: Future> Future for Within<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        this.sleep.poll(cx).map(|()| None)
+    }
+}
+
+/// A sleep until `deadline`: in the worker's table on a worker, tokio's elsewhere.
+fn sleep_until(deadline: Instant) -> Deadline {
+    if waiters::on_worker() {
+        Deadline::Table(TableSleep { deadline, slot: None })
+    } else {
+        Deadline::Tokio(Box::pin(tokio::time::sleep_until(deadline.into())))
+    }
+}
+
+enum Deadline {
+    Table(TableSleep),
+    Tokio(Pin<Box<tokio::time::Sleep>>),
+}
+
+impl Deadline {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            Deadline::Table(sleep) => Pin::new(sleep).poll(cx),
+            Deadline::Tokio(sleep) => sleep.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A sleep in the worker's table: no slot until it is first polled.
+struct TableSleep {
     deadline: Instant,
     slot: Option<Key>,
 }
 
-impl Sleep for CoarseSleep {}
+impl Sleep for TableSleep {}
 
-impl Future for CoarseSleep {
+impl Future for TableSleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -61,8 +114,7 @@ impl Future for CoarseSleep {
             Some(key) => (table.sleeps.refresh(key, cx.waker()).then_some(key), false),
             None => {
                 let key = table.sleeps.insert(deadline, cx.waker().clone());
-                table.earliest = Some(table.earliest.map_or(deadline, |e| e.min(deadline)));
-                (Some(key), !std::mem::replace(&mut table.watching, true))
+                (Some(key), table.arrived(deadline))
             }
         });
         if start_watch {
@@ -78,7 +130,7 @@ impl Future for CoarseSleep {
     }
 }
 
-impl Drop for CoarseSleep {
+impl Drop for TableSleep {
     fn drop(&mut self) {
         if let Some(key) = self.slot {
             // `try_with`: a connection dropped while its thread exits finds no table.
@@ -101,11 +153,31 @@ struct Table {
     sleeps: Waiters<Instant>,
     /// Whether a [`watch`] task runs for this table.
     watching: bool,
+    /// The watch task's waker, once it waits: woken when a sleep due before `armed`
+    /// arrives.
+    watch: Option<Waker>,
+    /// When the watch task's timer is set to go off.
+    armed: Option<Instant>,
     /// No sleep is due before this (a lower bound: a dropped sleep may have set it).
     earliest: Option<Instant>,
 }
 
 impl Table {
+    /// A sleep due at `deadline` took a slot. True if a watch task must be started.
+    fn arrived(&mut self, deadline: Instant) -> bool {
+        self.earliest = Some(self.earliest.map_or(deadline, |e| e.min(deadline)));
+        if !self.watching {
+            self.watching = true;
+            return true;
+        }
+        if self.armed.is_some_and(|armed| deadline < armed)
+            && let Some(watch) = &self.watch
+        {
+            watch.wake_by_ref();
+        }
+        false
+    }
+
     /// Wakes (and frees) the sleeps due at `now`.
     fn fire(&mut self, now: Instant) {
         if self.earliest.is_none_or(|e| e > now) {
@@ -123,20 +195,35 @@ impl Table {
     }
 }
 
-/// Fires the thread's due sleeps every [`TICK`] while any wait; ends when none do (the
-/// next sleep to wait starts another), so an idle worker has no wake-ups.
+/// Sleeps until the table's earliest deadline and fires the sleeps due then, over and
+/// over; ends when none wait (the next sleep to wait starts another), so an idle
+/// worker has no wake-ups.
 async fn watch() {
-    loop {
-        tokio::time::sleep(TICK).await;
-        let done = TABLE.with_borrow_mut(|table| {
-            table.fire(Instant::now());
-            table.watching = !table.sleeps.is_empty();
-            !table.watching
-        });
-        if done {
-            return;
-        }
-    }
+    let mut timer = pin!(tokio::time::sleep(Duration::ZERO));
+    poll_fn(|cx| {
+        TABLE.with_borrow_mut(|table| {
+            loop {
+                table.fire(Instant::now());
+                let Some(earliest) = table.earliest.filter(|_| !table.sleeps.is_empty()) else {
+                    (table.watching, table.watch, table.armed) = (false, None, None);
+                    return Poll::Ready(());
+                };
+                if table.armed != Some(earliest) {
+                    timer.as_mut().reset(earliest.into());
+                    table.armed = Some(earliest);
+                }
+                // Ready: the earliest is due now (tokio's timer goes off at or after its
+                // deadline), so the next `fire` frees it.
+                if timer.as_mut().poll(cx).is_pending() {
+                    if !table.watch.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        table.watch = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+            }
+        })
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -152,8 +239,8 @@ mod tests {
     fn a_sleep_ends_at_its_deadline_not_before() {
         worker().block_on(async {
             let started = Instant::now();
-            let sleep = CoarseTimer.sleep(Duration::from_millis(250));
-            assert!(sleep.is::<CoarseSleep>(), "a worker runtime gets the table's sleeps");
+            let sleep = WorkerTimer.sleep(Duration::from_millis(250));
+            assert!(sleep.is::<TableSleep>(), "a worker runtime gets the table's sleeps");
             sleep.await;
             let took = started.elapsed();
             assert!(took >= Duration::from_millis(250), "ended early: {took:?}");
@@ -164,8 +251,9 @@ mod tests {
     #[test]
     fn dropped_sleeps_free_their_slots_and_the_watch_ends_with_the_last() {
         worker().block_on(async {
-            let mut first = CoarseTimer.sleep(Duration::from_secs(60));
-            let mut second = CoarseTimer.sleep(Duration::from_secs(60));
+            let soon = Duration::from_millis(100);
+            let mut first = WorkerTimer.sleep(soon);
+            let mut second = WorkerTimer.sleep(soon);
             // Polled once each: both wait in the table, one watch for both.
             let mut cx = Context::from_waker(std::task::Waker::noop());
             assert!(first.as_mut().poll(&mut cx).is_pending());
@@ -173,14 +261,59 @@ mod tests {
             assert_eq!(table(|t| (t.sleeps.len(), t.watching)), (2, true));
             drop(first);
             assert_eq!(table(|t| t.sleeps.len()), 1);
-            let mut third = CoarseTimer.sleep(Duration::from_secs(60));
+            let mut third = WorkerTimer.sleep(soon);
             assert!(third.as_mut().poll(&mut cx).is_pending());
             drop((second, third));
             assert_eq!(table(|t| t.sleeps.len()), 0);
-            // The watch ends at its next look; nothing wakes an idle worker after that.
+            // The watch ends when it next wakes (at the earliest deadline it knew);
+            // nothing wakes an idle worker after that.
             while table(|t| t.watching) {
-                tokio::time::sleep(TICK).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            assert_eq!(table(|t| (t.watch.is_none(), t.armed)), (true, None));
+        });
+    }
+
+    #[test]
+    fn an_earlier_sleep_arriving_later_ends_at_its_own_deadline() {
+        worker().block_on(async {
+            let mut late = WorkerTimer.sleep(Duration::from_secs(600));
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert!(late.as_mut().poll(&mut cx).is_pending());
+            // Let the watch arm its timer for the late one.
+            while table(|t| t.armed.is_none()) {
+                tokio::task::yield_now().await;
+            }
+            let started = Instant::now();
+            let early = WorkerTimer.sleep(Duration::from_millis(50));
+            tokio::time::timeout(Duration::from_secs(30), early)
+                .await
+                .expect("the watch re-armed for the earlier sleep");
+            assert!(started.elapsed() >= Duration::from_millis(50), "ended early");
+            assert!(late.as_mut().poll(&mut cx).is_pending(), "the late one still waits");
+            assert_eq!(table(|t| t.sleeps.len()), 1);
+        });
+    }
+
+    #[test]
+    fn within_gives_the_output_or_none_at_the_deadline() {
+        worker().block_on(async {
+            let now = Instant::now();
+            assert_eq!(within(now, async { 7 }).await, Some(7), "a ready future counts");
+            let deadline = now + Duration::from_millis(50);
+            assert_eq!(within(deadline, std::future::pending::<()>()).await, None);
+            assert!(Instant::now() >= deadline, "ended early");
+            assert_eq!(table(|t| t.sleeps.len()), 0, "the sleep freed its slot");
+        });
+        // Off a worker, on tokio's timer.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let deadline = Instant::now() + Duration::from_millis(20);
+            assert_eq!(within(deadline, std::future::pending::<()>()).await, None);
+            assert!(Instant::now() >= deadline, "ended early");
         });
     }
 
@@ -191,8 +324,8 @@ mod tests {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let sleep = CoarseTimer.sleep(Duration::from_millis(10));
-            assert!(!sleep.is::<CoarseSleep>());
+            let sleep = WorkerTimer.sleep(Duration::from_millis(10));
+            assert!(!sleep.is::<TableSleep>());
             sleep.await;
         });
     }

@@ -4,7 +4,7 @@
 //! waiters in lists under locks shared by both workers, taken to register and again
 //! to deregister, per request. Here a waiter takes a numbered slot in a table of its
 //! own thread on its first poll and frees it when dropped, and whatever it waits for
-//! wakes (and frees) the slots it concerns: the coarse timer ([`crate::timer`]) and
+//! wakes (and frees) the slots it concerns: the worker timer ([`crate::timer`]) and
 //! [`Signal`].
 //!
 //! Only a worker thread (a current-thread runtime for good: [`mark_worker`]) has tables

@@ -14,6 +14,7 @@ use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
 use crate::proxy::{self, UpstreamError};
 use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse};
+use crate::timer;
 
 /// Forwards a claimed request and completes or releases its marker. Runs inside the
 /// request's [`Task`], so nothing here is cancelled when the sender hangs up.
@@ -74,12 +75,12 @@ impl Owner<'_> {
                 // Shutting down mid-body: the work is done, so complete rather than leave
                 // PROCESSING for a later retry to deliver again.
                 () = self.gw.abandoned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
-                captured = tokio::time::timeout_at(deadline, capture(response)) => captured,
+                captured = timer::within(deadline.into_std(), capture(response)) => captured,
             };
             match captured {
-                Ok(Ok(captured)) => captured,
-                Ok(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
-                Err(_) => {
+                Some(Ok(captured)) => captured,
+                Some(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
+                None => {
                     let timeout = self.route.config.policy.upstream_timeout;
                     return self
                         .complete_then(Err(forwarded(UpstreamError::Timeout(timeout))))

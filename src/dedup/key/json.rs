@@ -10,6 +10,8 @@ use serde_json::value::RawValue;
 
 use super::Miss;
 
+mod scan;
+
 /// A parsed JSON pointer: the reference tokens with `~1` and `~0` decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pointer(Vec<String>);
@@ -31,21 +33,28 @@ impl Pointer {
             .map(Pointer)
     }
 
-    /// The value the pointer designates in `body`, as key text.
+    /// The value the pointer designates in `body`, as key text. A one-pass scan
+    /// ([`scan`]) answers where it can; serde_json's walk where it cannot.
     pub fn lookup<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, str>, Miss> {
+        scan::lookup(body, &self.0).unwrap_or_else(|| self.walk(body))
+    }
+
+    /// The value the pointer designates in `body`, by serde_json.
+    fn walk<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, str>, Miss> {
         let mut de = serde_json::Deserializer::from_slice(body);
         let found = Seek(&self.0).deserialize(&mut de).map_err(|_| Miss::NotJson)?;
         de.end().map_err(|_| Miss::NotJson)?;
-        key_text(found.ok_or(Miss::NotFound)?)
+        let text = found.ok_or(Miss::NotFound)?.get();
+        key_text(text, text.contains('\\'))
     }
 }
 
-/// Turns the designated raw value into key text: strings decoded, numbers verbatim.
-fn key_text(raw: &RawValue) -> Result<Cow<'_, str>, Miss> {
-    let text = raw.get();
+/// Turns the designated value's raw text into key text: strings decoded (when
+/// `escaped`, it has a backslash), numbers verbatim.
+fn key_text(text: &str, escaped: bool) -> Result<Cow<'_, str>, Miss> {
     match text.as_bytes().first() {
         Some(b'"') => {
-            let s: Cow<str> = if text.len() >= 2 && !text.contains('\\') {
+            let s: Cow<str> = if text.len() >= 2 && !escaped {
                 // A string token the parser accepted, without escapes, is its own text
                 // between the quotes: no second parse.
                 Cow::Borrowed(&text[1..text.len() - 1])

@@ -375,9 +375,9 @@ pub struct RouteMetrics {
 }
 
 /// Counts one request in `dedup_in_flight{route}` until dropped.
-pub struct InFlight(Gauge);
+pub struct InFlight<'a>(&'a Gauge);
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -398,8 +398,8 @@ impl RouteMetrics {
     }
 
     /// Counts a request as in flight on this route until the guard is dropped.
-    pub fn in_flight(&self) -> InFlight {
+    pub fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.inc();
-        InFlight(self.in_flight.clone())
+        InFlight(&self.in_flight)
     }
 }

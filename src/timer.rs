@@ -73,6 +73,15 @@ impl<F: Future> Future for Within<F> {
     }
 }
 
+/// Runs `future` for at most `limit` from when it first waits: its output, or `None`.
+/// A future that is ready at once never reads the clock.
+pub fn timeout<F: Future>(limit: Duration, future: F) -> Within<F> {
+    Within {
+        future,
+        sleep: Deadline::After(limit),
+    }
+}
+
 /// A sleep until `deadline`: in the worker's table on a worker, tokio's elsewhere.
 fn sleep_until(deadline: Instant) -> Deadline {
     if waiters::on_worker() {
@@ -83,13 +92,19 @@ fn sleep_until(deadline: Instant) -> Deadline {
 }
 
 enum Deadline {
+    /// Not started: the sleep starts (from now) when first polled.
+    After(Duration),
     Table(TableSleep),
     Tokio(Pin<Box<tokio::time::Sleep>>),
 }
 
 impl Deadline {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Deadline::After(limit) = *self {
+            *self = sleep_until(Instant::now() + limit);
+        }
         match self {
+            Deadline::After(_) => Poll::Pending,
             Deadline::Table(sleep) => Pin::new(sleep).poll(cx),
             Deadline::Tokio(sleep) => sleep.as_mut().poll(cx),
         }
@@ -292,6 +307,21 @@ mod tests {
             assert!(started.elapsed() >= Duration::from_millis(50), "ended early");
             assert!(late.as_mut().poll(&mut cx).is_pending(), "the late one still waits");
             assert_eq!(table(|t| t.sleeps.len()), 1);
+        });
+    }
+
+    #[test]
+    fn timeout_runs_from_the_first_wait() {
+        worker().block_on(async {
+            // Ready at once: no sleep is ever made.
+            assert_eq!(timeout(Duration::ZERO, async { 3 }).await, Some(3));
+            let started = Instant::now();
+            assert_eq!(
+                timeout(Duration::from_millis(50), std::future::pending::<()>()).await,
+                None
+            );
+            assert!(started.elapsed() >= Duration::from_millis(50), "ended early");
+            assert_eq!(table(|t| t.sleeps.len()), 0, "the sleep freed its slot");
         });
     }
 

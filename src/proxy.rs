@@ -196,6 +196,9 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// The lengths of the [`HOP_BY_HOP`] names, a bit each (a test holds them together).
+const HOP_BY_HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
+
 /// Removes hop-by-hop fields, including every field the `Connection` header names.
 /// Returns whether there were `Connection` lines (so fields they named are gone, too).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
@@ -204,6 +207,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // costs a removal per field it has rather than a lookup per field there could be.
     let mut present = 0u16;
     for name in headers.keys() {
+        // A name of a length no hop-by-hop field has is none of them: one bit test
+        // instead of nine comparisons for most fields.
+        let len = name.as_str().len();
+        if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
+            continue;
+        }
         if let Some(i) = HOP_BY_HOP.iter().position(|fixed| fixed == name) {
             present |= 1 << i;
         }
@@ -307,6 +316,12 @@ fn push_decimal(out: &mut String, n: u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_length_filter_lets_every_hop_by_hop_name_through() {
+        let lengths = HOP_BY_HOP.iter().fold(0u32, |m, name| m | 1 << name.as_str().len());
+        assert_eq!(lengths, HOP_BY_HOP_LENGTHS);
+    }
 
     /// The rewrite of `req` from `peer`, for an upstream at 127.0.0.1:5000.
     fn rewrite(req: Request<()>, peer: Peer) -> Request<Body> {

@@ -315,9 +315,13 @@ impl Inner {
     }
 }
 
-/// A duration in whole milliseconds, rounded up (a TTL never shrinks).
+/// A duration in whole milliseconds, rounded up (a TTL never shrinks). Whole seconds
+/// are whole milliseconds, so only the fraction rounds (and no 128-bit division runs,
+/// twice per claim and per complete).
 fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    d.as_secs()
+        .saturating_mul(1000)
+        .saturating_add(u64::from(d.subsec_nanos().div_ceil(1_000_000)))
 }
 
 impl MemoryStore {
@@ -521,6 +525,24 @@ mod tests {
             first_seen_ms: 1,
             ttl,
             response: None,
+        }
+    }
+
+    #[test]
+    fn millis_round_up_and_saturate() {
+        for (d, ms) in [
+            (Duration::ZERO, 0),
+            (Duration::from_nanos(1), 1),
+            (Duration::from_millis(1), 1),
+            (Duration::from_nanos(1_000_001), 2),
+            (Duration::new(5, 999_999_999), 6000),
+            (Duration::from_secs(86_400), 86_400_000),
+            (Duration::MAX, u64::MAX),
+        ] {
+            assert_eq!(millis(d), ms, "{d:?}");
+            if d < Duration::from_secs(1 << 40) {
+                assert_eq!(u128::from(millis(d)), d.as_nanos().div_ceil(1_000_000), "{d:?}");
+            }
         }
     }
 

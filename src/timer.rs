@@ -11,8 +11,11 @@
 //! arrives, not one per request.
 //!
 //! The table is per thread, which is right for the worker runtimes (current-thread:
-//! a connection never changes threads); on a thread that is not a worker
-//! ([`crate::waiters::mark_worker`]) the sleeps are tokio's.
+//! a connection never changes threads, and a sleep must be polled on the thread it
+//! was made on); on a thread that is not a worker ([`crate::waiters::mark_worker`])
+//! the sleeps are tokio's. Deadlines are on the real clock: a worker runtime must not
+//! pause tokio's (test-util), or the watch would see its timer go off before any
+//! sleep is due.
 
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};

@@ -17,12 +17,17 @@ use std::borrow::Cow;
 use super::{Miss, key_text};
 
 /// Deeper nesting of skipped values gives up (serde_json has no bound there, and a
-/// webhook is never this deep).
+/// webhook is never this deep), and so does a longer pointer.
 const MAX_DEPTH: u32 = 64;
 
 /// The key text `path` designates in `body`, as serde_json's walk would find it; `None`
 /// where the fast path cannot tell.
 pub(super) fn lookup<'a>(body: &'a [u8], path: &[String]) -> Option<Result<Cow<'a, str>, Miss>> {
+    // serde_json counts the containers it enters along the path against its recursion
+    // limit (128); a pointer this long is serde_json's to judge.
+    if path.len() > MAX_DEPTH as usize {
+        return None;
+    }
     let mut scan = Scan {
         b: body,
         i: 0,
@@ -407,6 +412,14 @@ mod tests {
         ] {
             assert_eq!(fast(pointer, body.as_bytes()), None, "{body}");
         }
+        // serde_json refuses a path through 128 containers (its recursion limit).
+        let long = "/a".repeat(128);
+        let body = format!("{}1{}", "{\"a\":".repeat(128), "}".repeat(128));
+        assert_eq!(fast(&long, body.as_bytes()), None);
+        assert_eq!(
+            Pointer::parse(&long).expect("pointer").lookup(body.as_bytes()),
+            Err(Miss::NotJson)
+        );
         let deep = format!("{{\"x\":{}1{},\"id\":1}}", "[".repeat(65), "]".repeat(65));
         assert_eq!(fast("/id", deep.as_bytes()), None);
         assert_eq!(

@@ -107,9 +107,11 @@ impl Deadline {
             *self = sleep_until(Instant::now() + limit);
         }
         match self {
-            Deadline::After(_) => Poll::Pending,
             Deadline::Table(sleep) => Pin::new(sleep).poll(cx),
             Deadline::Tokio(sleep) => sleep.as_mut().poll(cx),
+            // Replaced just above. Were it not, a timeout now beats a wait that no
+            // waker would ever end.
+            Deadline::After(_) => Poll::Ready(()),
         }
     }
 }

@@ -127,20 +127,9 @@ impl<'a> Scan<'a> {
             let key = self.plain_str()?;
             self.ws();
             self.eat(b':')?;
-            if key == token.as_bytes() {
-                found = self.seek(rest)?;
-            } else {
-                self.ws();
-                self.skip_value()?;
-            }
-            self.ws();
-            match self.peek()? {
-                b',' => self.i += 1,
-                b'}' => {
-                    self.i += 1;
-                    return Some(found);
-                }
-                _ => return None,
+            self.member_value(key == token.as_bytes(), rest, &mut found)?;
+            if !self.more_members(b'}')? {
+                return Some(found);
             }
         }
     }
@@ -156,22 +145,35 @@ impl<'a> Scan<'a> {
         let mut found = None;
         let mut index = 0usize;
         loop {
-            if Some(index) == wanted {
-                found = self.seek(rest)?;
-            } else {
-                self.ws();
-                self.skip_value()?;
-            }
-            self.ws();
-            match self.peek()? {
-                b',' => self.i += 1,
-                b']' => {
-                    self.i += 1;
-                    return Some(found);
-                }
-                _ => return None,
+            self.member_value(Some(index) == wanted, rest, &mut found)?;
+            if !self.more_members(b']')? {
+                return Some(found);
             }
             index += 1;
+        }
+    }
+
+    /// A member's value: followed along `rest` if it is on the path (a later one
+    /// replaces what an earlier one found), else skipped.
+    fn member_value(&mut self, on_path: bool, rest: &[String], found: &mut Option<Target<'a>>) -> Option<()> {
+        if on_path {
+            *found = self.seek(rest)?;
+        } else {
+            self.ws();
+            self.skip_value()?;
+        }
+        Some(())
+    }
+
+    /// After a member: whether a `,` says another follows (false at `close`).
+    fn more_members(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        let next = self.peek()?;
+        self.i += 1;
+        match next {
+            b',' => Some(true),
+            _ if next == close => Some(false),
+            _ => None,
         }
     }
 

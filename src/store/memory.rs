@@ -6,7 +6,8 @@
 //! oldest COMPLETED entry (by completion time): the newest ids are the ones retries
 //! need. Entries are queued per state and TTL, so each queue is in expiry order and
 //! both questions are answered from the queues' fronts, never by scanning. One mutex
-//! guards it all; critical sections are a hash lookup plus amortised-constant queue work.
+//! guards it all; critical sections are a hash lookup plus amortised-constant queue work,
+//! and the table is 256 tables, so that growing one is a short pause, not a long one.
 //!
 //! Compact by design (the store may hold a million ids in a small pod): a key is held
 //! as its 128-bit keyed SipHash digest, not as a string, so an entry is a fixed 64
@@ -49,7 +50,12 @@ struct Inner {
 
 /// The entries, what they cost, and who waits on them.
 struct Slots {
-    table: HashTable<Entry>,
+    /// The entries, spread over [`SHARDS`] tables by hash. A table grows all at once,
+    /// every entry moved under the store's lock (100 ms for one table going past
+    /// 917,504 entries, a pause of every worker); a shard's growth moves 1/256 of that.
+    shards: Box<[HashTable<Entry>]>,
+    /// Entries over all shards.
+    len: usize,
     /// The sum of [`Entry::cost`] over the table: what `max_bytes` bounds.
     bytes: u64,
     /// Requests waiting for a PROCESSING entry to change (few, and only while waiting).
@@ -124,36 +130,57 @@ fn response_bytes(r: &StoredResponse) -> u64 {
     (std::mem::size_of::<StoredResponse>() + 16 + body + header(&r.content_type) + header(&r.content_encoding)) as u64
 }
 
+/// Tables in [`Slots`]: a power of two.
+const SHARDS: usize = 256;
+
+/// The shard of a table hash: bits that a shard's table does not use (its bucket
+/// index comes from the low bits, its control byte from the top 7).
+fn shard(hash: u64) -> usize {
+    (hash >> 40) as usize & (SHARDS - 1)
+}
+
 impl Slots {
+    fn new() -> Self {
+        Slots {
+            shards: (0..SHARDS).map(|_| HashTable::new()).collect(),
+            len: 0,
+            bytes: 0,
+            waiters: HashMap::new(),
+        }
+    }
+
     fn find(&self, d: Digest) -> Option<&Entry> {
-        self.table.find(d.0, |e| e.digest == d)
+        self.shards[shard(d.0)].find(d.0, |e| e.digest == d)
     }
 
     fn find_mut(&mut self, d: Digest) -> Option<&mut Entry> {
-        self.table.find_mut(d.0, |e| e.digest == d)
+        self.shards[shard(d.0)].find_mut(d.0, |e| e.digest == d)
     }
 
     /// The entry a queue item refers to, if the item is current.
     fn current(&self, item: Item) -> Option<&Entry> {
-        self.table.find(item.hash, |e| e.seq == item.seq)
+        self.shards[shard(item.hash)].find(item.hash, |e| e.seq == item.seq)
     }
 
     fn insert(&mut self, entry: Entry) {
         self.bytes += entry.cost();
-        self.table.insert_unique(entry.digest.0, entry, |e| e.digest.0);
+        self.len += 1;
+        let hash = entry.digest.0;
+        self.shards[shard(hash)].insert_unique(hash, entry, |e| e.digest.0);
     }
 
     /// Removes the entry `eq` picks out among those with this hash.
     fn remove(&mut self, hash: u64, eq: impl FnMut(&Entry) -> bool) -> Option<Entry> {
-        let (entry, _) = self.table.find_entry(hash, eq).ok()?.remove();
+        let (entry, _) = self.shards[shard(hash)].find_entry(hash, eq).ok()?.remove();
         self.bytes -= entry.cost();
+        self.len -= 1;
         self.wake(entry.digest);
         Some(entry)
     }
 
     /// Replaces an entry's state, keeping the byte count exact and waking its waiters.
     fn change(&mut self, d: Digest, expires: u64, seq: u64, state: State) {
-        let Some(entry) = self.table.find_mut(d.0, |e| e.digest == d) else {
+        let Some(entry) = self.find_mut(d) else {
             return;
         };
         let before = entry.cost();
@@ -251,11 +278,7 @@ impl MemoryStore {
         let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
         MemoryStore {
             inner: Mutex::new(Inner {
-                slots: Slots {
-                    table: HashTable::new(),
-                    bytes: 0,
-                    waiters: HashMap::new(),
-                },
+                slots: Slots::new(),
                 processing: Queues::default(),
                 completed: Queues::default(),
                 next_seq: 0,
@@ -282,7 +305,7 @@ impl MemoryStore {
 
     /// Whether an entry of `cost` more bytes (and, if `new`, one more entry) fits.
     fn fits(&self, slots: &Slots, cost: u64, new: bool) -> bool {
-        (!new || slots.table.len() < self.max_entries) && slots.bytes + cost <= self.max_bytes
+        (!new || slots.len < self.max_entries) && slots.bytes + cost <= self.max_bytes
     }
 }
 
@@ -349,7 +372,7 @@ impl MemoryStore {
         } else {
             while !self.fits(&inner.slots, ENTRY_BYTES, true) {
                 if !inner.make_room(now) {
-                    return Err(StoreError::Full(inner.slots.table.len()));
+                    return Err(StoreError::Full(inner.slots.len));
                 }
             }
             inner.slots.insert(Entry {
@@ -454,7 +477,7 @@ impl Store for MemoryStore {
     }
 
     fn entries(&self) -> Option<usize> {
-        Some(self.lock().slots.table.len())
+        Some(self.lock().slots.len)
     }
 
     fn bytes(&self) -> Option<u64> {
@@ -617,6 +640,30 @@ mod tests {
         ));
         assert!(s.get("c").await.expect("get").is_some());
         assert_eq!(s.entries(), Some(3));
+    }
+
+    /// Many ids over every shard: the bound holds over all of them, the oldest go first,
+    /// and the counts agree with what is found.
+    #[test]
+    fn the_bound_and_the_eviction_order_hold_across_shards() {
+        let s = MemoryStore::new(5_000, u64::MAX);
+        let key = |i: usize| format!("dedup:r:{i}");
+        for i in 0..20_000 {
+            let t = Token::generate();
+            assert_eq!(s.claim_now(&key(i), t, 1, TTL).expect("claim"), Claim::Claimed);
+            assert!(s.complete_now(&key(i), t, done(TTL)).expect("complete"));
+        }
+        let inner = s.lock();
+        let found = |i: usize| inner.slots.find(s.digest(&key(i))).is_some();
+        assert!((15_000..20_000).all(found), "the newest 5,000 are kept");
+        assert!(!(0..15_000).any(found), "the older ones were evicted");
+        assert_eq!(inner.slots.len, 5_000);
+        assert_eq!(inner.slots.shards.iter().map(HashTable::len).sum::<usize>(), 5_000);
+        assert_eq!(inner.slots.bytes, 5_000 * ENTRY_BYTES);
+        assert!(
+            inner.slots.shards.iter().all(|t| !t.is_empty()),
+            "every shard holds some"
+        );
     }
 
     #[tokio::test(start_paused = true)]

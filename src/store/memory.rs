@@ -54,9 +54,9 @@ struct Slots {
     /// every entry moved under the store's lock (100 ms for one table going past
     /// 917,504 entries, a pause of every worker); a shard's growth moves 1/256 of that.
     shards: Box<[HashTable<Entry>]>,
-    /// Entries over all shards.
+    /// Entries over all shards (kept, not summed: `max_entries` is checked per claim).
     len: usize,
-    /// The sum of [`Entry::cost`] over the table: what `max_bytes` bounds.
+    /// The sum of [`Entry::cost`] over the shards: what `max_bytes` bounds.
     bytes: u64,
     /// Requests waiting for a PROCESSING entry to change (few, and only while waiting).
     waiters: HashMap<Digest, Arc<Notify>>,
@@ -149,29 +149,38 @@ impl Slots {
         }
     }
 
+    /// The table that holds (or would hold) the entries with this hash.
+    fn table(&self, hash: u64) -> &HashTable<Entry> {
+        &self.shards[shard(hash)]
+    }
+
+    fn table_mut(&mut self, hash: u64) -> &mut HashTable<Entry> {
+        &mut self.shards[shard(hash)]
+    }
+
     fn find(&self, d: Digest) -> Option<&Entry> {
-        self.shards[shard(d.0)].find(d.0, |e| e.digest == d)
+        self.table(d.0).find(d.0, |e| e.digest == d)
     }
 
     fn find_mut(&mut self, d: Digest) -> Option<&mut Entry> {
-        self.shards[shard(d.0)].find_mut(d.0, |e| e.digest == d)
+        self.table_mut(d.0).find_mut(d.0, |e| e.digest == d)
     }
 
     /// The entry a queue item refers to, if the item is current.
     fn current(&self, item: Item) -> Option<&Entry> {
-        self.shards[shard(item.hash)].find(item.hash, |e| e.seq == item.seq)
+        self.table(item.hash).find(item.hash, |e| e.seq == item.seq)
     }
 
     fn insert(&mut self, entry: Entry) {
         self.bytes += entry.cost();
         self.len += 1;
         let hash = entry.digest.0;
-        self.shards[shard(hash)].insert_unique(hash, entry, |e| e.digest.0);
+        self.table_mut(hash).insert_unique(hash, entry, |e| e.digest.0);
     }
 
     /// Removes the entry `eq` picks out among those with this hash.
     fn remove(&mut self, hash: u64, eq: impl FnMut(&Entry) -> bool) -> Option<Entry> {
-        let (entry, _) = self.shards[shard(hash)].find_entry(hash, eq).ok()?.remove();
+        let (entry, _) = self.table_mut(hash).find_entry(hash, eq).ok()?.remove();
         self.bytes -= entry.cost();
         self.len -= 1;
         self.wake(entry.digest);

@@ -61,11 +61,23 @@ impl Token {
             counter: value as u64,
         }
     }
+
+    /// The 32 lowercase hex digits that name this token in stored values and logs.
+    /// A table lookup per byte: the Redis store writes it twice per forwarded
+    /// request, and `{:016x}` pads through the formatter one `write_char` at a time
+    /// (about 1,000 instructions per token, measured with callgrind).
+    pub fn hex(self) -> [u8; 32] {
+        let value = (u128::from(self.process) << 64) | u128::from(self.counter);
+        let mut out = [0u8; 32];
+        // Cannot fail: 16 bytes always fill 32 digits exactly.
+        let _ = hex::encode_to_slice(value.to_be_bytes(), &mut out);
+        out
+    }
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{:016x}{:016x}", self.process, self.counter)
+        f.write_str(std::str::from_utf8(&self.hex()).map_err(|_| fmt::Error)?)
     }
 }
 

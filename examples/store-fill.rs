@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run --release --example store-fill              # 1,100,000 ids, max_entries 1,000,000
 //! cargo run --release --example store-fill -- 3000000   # more ids (the bound stays)
+//! cargo run --release --example store-fill --features jemalloc   # the shipped allocator
 //! ```
 //!
 //! Each new id is claimed and completed as the state machine does it. Every call runs
@@ -13,6 +14,12 @@
 use std::time::{Duration, Instant};
 
 use dedup_gateway::store::{Completion, MemoryStore, Token};
+
+/// `--features jemalloc` measures with the shipped binary's allocator (it grows a
+/// large block differently from glibc, which remaps it without copying).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const MAX_ENTRIES: usize = 1_000_000;
 

@@ -10,7 +10,7 @@
 //! and the table is 256 tables, so that growing one is a short pause, not a long one.
 //!
 //! Compact by design (the store may hold a million ids in a small pod): a key is held
-//! as its 128-bit keyed SipHash digest, not as a string, so an entry is a fixed 64
+//! as its 128-bit keyed SipHash digest, not as a string, so an entry is a fixed 56
 //! bytes in the table with no allocation of its own (two different keys would need
 //! about 2^64 ids to collide, and the hash key is random per process, so no sender can
 //! aim for a collision). A stored `replay` response is the only per-entry allocation.
@@ -18,6 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hasher as _;
 use std::mem;
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -72,14 +73,23 @@ struct Entry {
     /// Milliseconds since [`Inner::epoch`].
     expires: u64,
     first_seen_ms: u64,
-    /// Changes whenever the entry changes state: queue items with another `seq` are stale.
-    seq: u64,
     state: State,
 }
 
+/// The entry's state, with its `seq`, which changes whenever the state does: queue
+/// items with another `seq` are stale. `seq` sits in each variant and is never 0, so
+/// the variant is told by a 0 there and needs no tag of its own: an entry is 56 bytes,
+/// not 64. That also keeps a shard's table under an allocator size class: 8,192 slots
+/// of 65 bytes went into a 640 KiB block, 186 bytes of RSS per key at a million keys.
 enum State {
-    Processing(Token),
-    Completed(Option<Arc<StoredResponse>>),
+    Processing {
+        token: Token,
+        seq: NonZeroU64,
+    },
+    Completed {
+        response: Option<Arc<StoredResponse>>,
+        seq: NonZeroU64,
+    },
 }
 
 /// A queue item: the entry's table hash and the `seq` it had when queued.
@@ -95,13 +105,19 @@ struct Item {
 pub const ENTRY_BYTES: u64 = (std::mem::size_of::<Entry>() + 1 + std::mem::size_of::<Item>()) as u64;
 
 impl Entry {
+    fn seq(&self) -> u64 {
+        match self.state {
+            State::Processing { seq, .. } | State::Completed { seq, .. } => seq.get(),
+        }
+    }
+
     fn marker(&self) -> Marker {
         match &self.state {
-            State::Processing(token) => Marker::Processing {
+            State::Processing { token, .. } => Marker::Processing {
                 token: *token,
                 first_seen_ms: self.first_seen_ms,
             },
-            State::Completed(response) => Marker::Completed {
+            State::Completed { response, .. } => Marker::Completed {
                 first_seen_ms: self.first_seen_ms,
                 response: response.clone(),
             },
@@ -109,12 +125,15 @@ impl Entry {
     }
 
     fn held_by(&self, token: Token, now: u64) -> bool {
-        matches!(self.state, State::Processing(t) if t == token) && self.expires > now
+        matches!(self.state, State::Processing { token: t, .. } if t == token) && self.expires > now
     }
 
     fn cost(&self) -> u64 {
         match &self.state {
-            State::Completed(Some(response)) => ENTRY_BYTES + response_bytes(response),
+            State::Completed {
+                response: Some(response),
+                ..
+            } => ENTRY_BYTES + response_bytes(response),
             _ => ENTRY_BYTES,
         }
     }
@@ -169,7 +188,7 @@ impl Slots {
 
     /// The entry a queue item refers to, if the item is current.
     fn current(&self, item: Item) -> Option<&Entry> {
-        self.table(item.hash).find(item.hash, |e| e.seq == item.seq)
+        self.table(item.hash).find(item.hash, |e| e.seq() == item.seq)
     }
 
     fn insert(&mut self, entry: Entry) {
@@ -189,14 +208,13 @@ impl Slots {
     }
 
     /// Replaces an entry's state, keeping the byte count exact and waking its waiters.
-    fn change(&mut self, d: Digest, expires: u64, seq: u64, state: State) {
+    fn change(&mut self, d: Digest, expires: u64, state: State) {
         let Some(entry) = self.find_mut(d) else {
             return;
         };
         let before = entry.cost();
         entry.state = state;
         entry.expires = expires;
-        entry.seq = seq;
         let after = entry.cost();
         self.bytes = self.bytes - before + after;
         self.wake(d);
@@ -300,7 +318,7 @@ impl Queues {
         let queue = &mut self.0[i].1;
         while let Some(item) = queue.front() {
             match slots.current(*item) {
-                Some(e) => return Some((e.seq, e.expires)),
+                Some(e) => return Some((e.seq(), e.expires)),
                 None => drop(queue.pop_front()),
             }
         }
@@ -309,7 +327,7 @@ impl Queues {
 
     fn remove_front(&mut self, i: usize, slots: &mut Slots) {
         if let Some(item) = self.0[i].1.pop_front() {
-            slots.remove(item.hash, |e| e.seq == item.seq);
+            slots.remove(item.hash, |e| e.seq() == item.seq);
         }
     }
 
@@ -412,9 +430,9 @@ impl Inner {
             || self.completed.remove_oldest(&mut self.slots)
     }
 
-    fn seq(&mut self) -> u64 {
+    fn seq(&mut self) -> NonZeroU64 {
         self.next_seq += 1;
-        self.next_seq
+        NonZeroU64::MIN.saturating_add(self.next_seq - 1)
     }
 }
 
@@ -448,7 +466,7 @@ impl MemoryStore {
             if let Some(entry) = inner.slots.find_mut(d) {
                 entry.first_seen_ms = first_seen_ms;
             }
-            inner.slots.change(d, now + ttl, seq, State::Processing(token));
+            inner.slots.change(d, now + ttl, State::Processing { token, seq });
         } else {
             while !self.fits(&inner.slots, ENTRY_BYTES, true) {
                 if !inner.make_room(now) {
@@ -459,11 +477,16 @@ impl MemoryStore {
                 digest: d,
                 expires: now + ttl,
                 first_seen_ms,
-                seq,
-                state: State::Processing(token),
+                state: State::Processing { token, seq },
             });
         }
-        inner.processing.push(ttl, Item { hash: d.0, seq });
+        inner.processing.push(
+            ttl,
+            Item {
+                hash: d.0,
+                seq: seq.get(),
+            },
+        );
         inner.processing.compact(&inner.slots, 2 * self.max_entries);
         Ok(Claim::Claimed)
     }
@@ -492,10 +515,15 @@ impl MemoryStore {
         }
         let ttl = millis(completion.ttl);
         let seq = inner.seq();
-        inner
-            .slots
-            .change(d, now + ttl, seq, State::Completed(response.map(Arc::new)));
-        inner.completed.push(ttl, Item { hash: d.0, seq });
+        let response = response.map(Arc::new);
+        inner.slots.change(d, now + ttl, State::Completed { response, seq });
+        inner.completed.push(
+            ttl,
+            Item {
+                hash: d.0,
+                seq: seq.get(),
+            },
+        );
         inner.completed.compact(&inner.slots, 2 * self.max_entries);
         Ok(true)
     }
@@ -582,8 +610,8 @@ impl MemoryStore {
         let now = inner.now();
         let entry = inner.slots.find(d).filter(|e| e.expires > now)?;
         let (state, reply_stored) = match &entry.state {
-            State::Processing(_) => (KeyState::Processing, false),
-            State::Completed(response) => (KeyState::Completed, response.is_some()),
+            State::Processing { .. } => (KeyState::Processing, false),
+            State::Completed { response, .. } => (KeyState::Completed, response.is_some()),
         };
         Some(KeyInfo {
             state,
@@ -601,9 +629,9 @@ impl MemoryStore {
         let now = inner.now();
         let state = match inner.slots.find(d).filter(|e| e.expires > now).map(|e| &e.state) {
             None => return Forgotten::Absent,
-            Some(State::Processing(_)) if !force => return Forgotten::Refused,
-            Some(State::Processing(_)) => KeyState::Processing,
-            Some(State::Completed(_)) => KeyState::Completed,
+            Some(State::Processing { .. }) if !force => return Forgotten::Refused,
+            Some(State::Processing { .. }) => KeyState::Processing,
+            Some(State::Completed { .. }) => KeyState::Completed,
         };
         inner.slots.remove(d.0, |e| e.digest == d);
         Forgotten::Deleted(state)
@@ -872,9 +900,10 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_is_a_64_byte_slot_with_no_allocation_of_its_own() {
-        assert_eq!(std::mem::size_of::<Entry>(), 64);
-        assert_eq!(ENTRY_BYTES, 81, "slot + control byte + queue item");
+    fn an_entry_is_a_56_byte_slot_with_no_allocation_of_its_own() {
+        // 56, not 64: the state's variant is told by its `seq` (see `State`).
+        assert_eq!(std::mem::size_of::<Entry>(), 56);
+        assert_eq!(ENTRY_BYTES, 73, "slot + control byte + queue item");
     }
 
     #[tokio::test(start_paused = true)]

@@ -602,13 +602,18 @@ fn memory_store_evicts_only_the_oldest_completed_under_max_bytes() {
                 .expect("complete");
             store.bytes().expect("bytes") - ENTRY_BYTES
         });
-    assert!(reply < 2 * ENTRY_BYTES, "{reply}");
-    // Two bare entries fit, or one with a stored reply; never three.
-    let stats = memory(300, 1_000, 2 * ENTRY_BYTES + reply / 2);
+    // A reply costs more than two bare entries (56-byte slots), so no one bound has
+    // both a reply stored and "full" at three bare entries: two bounds.
+    // One entry with its stored reply fills the store: a reply is dropped whenever
+    // another entry is live meanwhile, and stored replies are evicted.
+    let replies = memory(300, 1_000, ENTRY_BYTES + reply);
     assert!(
-        stats.evicted.get() > 0 && stats.dropped_replies.get() > 0 && stats.full.get() > 0,
-        "{stats:?}"
+        replies.evicted.get() > 0 && replies.dropped_replies.get() > 0,
+        "{replies:?}"
     );
+    // Two bare entries fit, never three: "full" when both are PROCESSING.
+    let bare = memory(300, 1_000, 3 * ENTRY_BYTES - 1);
+    assert!(bare.evicted.get() > 0 && bare.full.get() > 0, "{bare:?}");
 }
 
 #[test]

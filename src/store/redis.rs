@@ -16,7 +16,6 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,7 +25,7 @@ use arc_swap::ArcSwapOption;
 use base64::Engine as _;
 use bytes::Bytes;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation,
+    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, RedisWrite as _, Script, ServerErrorKind,
 };
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -250,10 +249,10 @@ struct Sent {
     conn: usize,
 }
 
-/// One call: a command, a script invocation, or a pipeline.
+/// One call: a command, a script's EVALSHA (see [`evalsha`]), or a pipeline.
 enum Call<'a> {
     Cmd(&'a Cmd),
-    Script(&'a ScriptInvocation<'a>),
+    Script(&'a Script, &'a Cmd),
     Pipe(&'a redis::Pipeline),
 }
 
@@ -261,10 +260,36 @@ impl Call<'_> {
     async fn on<T: FromRedisValue>(&self, conn: &mut impl redis::aio::ConnectionLike) -> Result<T, RedisError> {
         match self {
             Call::Cmd(cmd) => cmd.query_async(conn).await,
-            Call::Script(script) => script.invoke_async(conn).await,
+            Call::Script(script, evalsha) => match evalsha.query_async(conn).await {
+                // A Redis restarted since the scripts were loaded: load, and send again
+                // (NOSCRIPT means the script did not run).
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(conn).await?;
+                    evalsha.query_async(conn).await
+                }
+                other => other,
+            },
             Call::Pipe(pipe) => pipe.query_async(conn).await,
         }
     }
+}
+
+/// A command with room for `args` arguments and `data` bytes of them, so adding them
+/// does not grow its buffers one reallocation at a time.
+fn command(name: &str, args: usize, data: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args + 1, name.len() + data);
+    cmd.arg(name);
+    cmd
+}
+
+/// `EVALSHA <script> 1 <key>`, with room for `args` more arguments of `data` bytes.
+/// Built here rather than through redis-rs's `ScriptInvocation`, which collects each
+/// argument in a Vec of its own and then copies them all into a command like this one.
+fn evalsha(script: &Script, key: &str, args: usize, data: usize) -> Cmd {
+    let hash = script.get_hash();
+    let mut cmd = command("EVALSHA", 3 + args, hash.len() + 1 + key.len() + data);
+    cmd.arg(hash).arg(1).arg(key);
+    cmd
 }
 
 impl Connections {
@@ -520,25 +545,28 @@ impl RedisTarget {
 
 // ---------------------------------------------------------------- value format
 
-/// The PROCESSING value. Built by hand so it always starts with the prefix the Lua
-/// scripts compare.
-fn processing_value(token: Token, first_seen_ms: u64) -> String {
-    let mut value = token_prefix(token);
-    value.push_str(",\"first_seen_ms\":");
-    let _ = write!(value, "{first_seen_ms}}}"); // writing to a String cannot fail
-    value
+/// Writes the PROCESSING value (into a command's argument). Built by hand so it always
+/// starts with the prefix the Lua scripts compare.
+fn write_processing_value(out: &mut impl std::io::Write, token: Token, first_seen_ms: u64) {
+    // Writing into a command's buffer (a Vec) cannot fail.
+    let _ = out.write_all(&token_prefix(token));
+    let _ = write!(out, ",\"first_seen_ms\":{first_seen_ms}}}");
 }
 
-/// `{"state":"processing","token":"<hex>"`: what identifies the owner in a value.
-/// Sized for the whole PROCESSING value, so [`processing_value`] does not grow it.
-fn token_prefix(token: Token) -> String {
-    const REST: usize = ",\"first_seen_ms\":18446744073709551615}".len();
-    let hex = token.hex();
-    let mut prefix = String::with_capacity(PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + hex.len() + 1 + REST);
-    prefix.push_str(PROCESSING_PREFIX);
-    prefix.push_str(TOKEN_FIELD);
-    prefix.extend(hex.iter().copied().map(char::from));
-    prefix.push('"');
+/// The longest PROCESSING value, for sizing a command's buffer.
+const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + ",\"first_seen_ms\":18446744073709551615}".len();
+
+const TOKEN_PREFIX_LEN: usize = PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + 32 + 1;
+
+/// `{"state":"processing","token":"<hex>"`: what identifies the owner in a value. On
+/// the stack: it is copied into the command that carries it.
+fn token_prefix(token: Token) -> [u8; TOKEN_PREFIX_LEN] {
+    let mut prefix = [b'"'; TOKEN_PREFIX_LEN];
+    let (state, rest) = prefix.split_at_mut(PROCESSING_PREFIX.len());
+    state.copy_from_slice(PROCESSING_PREFIX.as_bytes());
+    let (field, rest) = rest.split_at_mut(TOKEN_FIELD.len());
+    field.copy_from_slice(TOKEN_FIELD.as_bytes());
+    rest[..32].copy_from_slice(&token.hex()); // and the closing quote is already there
     prefix
 }
 
@@ -587,7 +615,8 @@ struct ResponseValue<'a> {
     body_base64: Option<Cow<'a, str>>,
 }
 
-fn completed_value(c: &Completion) -> String {
+/// Writes the COMPLETED value (into a command's argument).
+fn write_completed_value(out: impl std::io::Write, c: &Completion) {
     let response = c.response.as_ref().map(|r| {
         let (body, body_base64) = match std::str::from_utf8(&r.body) {
             Ok(text) => (Some(Cow::Borrowed(text)), None),
@@ -614,7 +643,17 @@ fn completed_value(c: &Completion) -> String {
         completed_ms: Some(super::unix_ms()),
         response,
     };
-    serde_json::to_string(&value).unwrap_or_default()
+    // Cannot fail: a Vec takes every write, and every map key is a string.
+    let _ = serde_json::to_writer(out, &value);
+}
+
+/// Room for a COMPLETED value: its fields, and the stored body (up to 4/3 of it as
+/// base64).
+fn completed_value_len(c: &Completion) -> usize {
+    let header = |v: &Option<HeaderValue>| v.as_ref().map_or(0, |v| v.len() + 20);
+    160 + c.response.as_ref().map_or(0, |r| {
+        r.body.len() + r.body.len() / 3 + 4 + header(&r.content_type) + header(&r.content_encoding)
+    })
 }
 
 fn parse_marker(raw: &[u8]) -> Result<Marker, StoreError> {
@@ -665,13 +704,10 @@ fn millis(d: Duration) -> u64 {
 
 impl Store for RedisStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key)
-            .arg(processing_value(token, first_seen_ms))
-            .arg("NX")
-            .arg("PX")
-            .arg(millis(ttl))
-            .arg("GET");
+        let mut cmd = command("SET", 6, key.len() + PROCESSING_VALUE_MAX + 32);
+        cmd.arg(key);
+        write_processing_value(&mut cmd.writer_for_next_arg(), token, first_seen_ms);
+        cmd.arg("NX").arg("PX").arg(millis(ttl)).arg("GET");
         let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd(&cmd)).await?;
         match previous {
             None => Ok(Claim::Claimed),
@@ -680,25 +716,28 @@ impl Store for RedisStore {
     }
 
     async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
-        let mut invocation = COMPLETE.prepare_invoke();
-        invocation
-            .key(key)
-            .arg(token_prefix(token))
-            .arg(completed_value(&completion))
-            .arg(millis(completion.ttl));
-        let done: i64 = self.call(&self.conns(), Call::Script(&invocation)).await?;
+        let mut cmd = evalsha(
+            &COMPLETE,
+            key,
+            3,
+            TOKEN_PREFIX_LEN + completed_value_len(&completion) + 20,
+        );
+        cmd.arg(&token_prefix(token)[..]);
+        write_completed_value(cmd.writer_for_next_arg(), &completion);
+        cmd.arg(millis(completion.ttl));
+        let done: i64 = self.call(&self.conns(), Call::Script(&COMPLETE, &cmd)).await?;
         Ok(done == 1)
     }
 
     async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
-        let mut invocation = RELEASE.prepare_invoke();
-        invocation.key(key).arg(token_prefix(token));
-        let deleted: i64 = self.call(&self.conns(), Call::Script(&invocation)).await?;
+        let mut cmd = evalsha(&RELEASE, key, 1, TOKEN_PREFIX_LEN);
+        cmd.arg(&token_prefix(token)[..]);
+        let deleted: i64 = self.call(&self.conns(), Call::Script(&RELEASE, &cmd)).await?;
         Ok(deleted == 1)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
-        let mut cmd = redis::cmd("GET");
+        let mut cmd = command("GET", 1, key.len());
         cmd.arg(key);
         let raw: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd(&cmd)).await?;
         raw.map(|raw| parse_marker(&raw)).transpose()
@@ -750,9 +789,8 @@ static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
 
 impl RedisStore {
     async fn inspect_key(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        let mut invocation = INSPECT.prepare_invoke();
-        invocation.key(key);
-        let (raw, pttl): (Option<Vec<u8>>, i64) = self.call(&self.conns(), Call::Script(&invocation)).await?;
+        let cmd = evalsha(&INSPECT, key, 0, 0);
+        let (raw, pttl): (Option<Vec<u8>>, i64) = self.call(&self.conns(), Call::Script(&INSPECT, &cmd)).await?;
         let Some(raw) = raw else { return Ok(None) };
         let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(Some(match parse_marker(&raw)? {
@@ -775,12 +813,9 @@ impl RedisStore {
     }
 
     async fn forget_key(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
-        let mut invocation = FORGET.prepare_invoke();
-        invocation
-            .key(key)
-            .arg(PROCESSING_PREFIX)
-            .arg(if force { "1" } else { "0" });
-        let outcome: i64 = self.call(&self.conns(), Call::Script(&invocation)).await?;
+        let mut cmd = evalsha(&FORGET, key, 2, PROCESSING_PREFIX.len() + 1);
+        cmd.arg(PROCESSING_PREFIX).arg(if force { "1" } else { "0" });
+        let outcome: i64 = self.call(&self.conns(), Call::Script(&FORGET, &cmd)).await?;
         Ok(match outcome {
             1 => Forgotten::Deleted(KeyState::Completed),
             2 => Forgotten::Refused,
@@ -794,11 +829,24 @@ impl RedisStore {
 mod tests {
     use super::*;
 
+    fn processing_value(token: Token, first_seen_ms: u64) -> String {
+        let mut value = Vec::new();
+        write_processing_value(&mut value, token, first_seen_ms);
+        String::from_utf8(value).expect("utf-8")
+    }
+
+    fn completed_value(c: &Completion) -> String {
+        let mut value = Vec::new();
+        write_completed_value(&mut value, c);
+        assert!(value.len() <= completed_value_len(c), "room for the value");
+        String::from_utf8(value).expect("utf-8")
+    }
+
     #[test]
     fn processing_values_start_with_the_token_prefix_and_parse_back() {
         let token = Token::generate();
         let value = processing_value(token, 1_700_000_000_123);
-        assert!(value.starts_with(&token_prefix(token)));
+        assert!(value.as_bytes().starts_with(&token_prefix(token)));
         assert_eq!(
             parse_marker(value.as_bytes()).expect("parse"),
             Marker::Processing {
@@ -807,7 +855,7 @@ mod tests {
             }
         );
         let other = Token::generate();
-        assert!(!value.starts_with(&token_prefix(other)));
+        assert!(!value.as_bytes().starts_with(&token_prefix(other)));
         // FORGET_LUA tells PROCESSING from COMPLETED by this prefix.
         assert!(value.starts_with(PROCESSING_PREFIX));
     }
@@ -826,7 +874,7 @@ mod tests {
         ] {
             let token = Token::from_u128(value);
             assert_eq!(token.to_string(), format!("{value:032x}"));
-            assert!(token_prefix(token).ends_with(&format!(",\"token\":\"{value:032x}\"")));
+            assert!(token_prefix(token).ends_with(format!(",\"token\":\"{value:032x}\"").as_bytes()));
         }
     }
 

@@ -111,6 +111,11 @@ async fn duplicates_never_refresh_a_ttl_and_markers_expire() {
     );
 }
 
+/// Commands and how many calls of each, as [`store_commands`] gives them.
+fn counts(calls: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    calls.iter().map(|(c, n)| ((*c).to_owned(), *n)).collect()
+}
+
 /// Only the commands the store issues (the readiness PING, INFO and connection setup
 /// are not message costs).
 pub(crate) fn store_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -134,21 +139,43 @@ async fn a_new_message_costs_two_round_trips_and_a_duplicate_one() {
     let after = server.command_calls();
     // Round trips: SET NX GET (claim) and EVALSHA (complete). Redis also counts the
     // GET and SET the script runs inside, without a round trip.
-    let expected: BTreeMap<String, u64> = [("evalsha", 1), ("get", 1), ("set", 2)]
-        .into_iter()
-        .map(|(c, n)| (c.to_owned(), n))
-        .collect();
-    assert_eq!(store_commands(&before, &after), expected);
+    assert_eq!(
+        store_commands(&before, &after),
+        counts(&[("evalsha", 1), ("get", 1), ("set", 2)])
+    );
 
     let before = server.command_calls();
     assert_eq!(client.post("/hook", &msg("rt1")).await.dedup(), "duplicate");
     let after = server.command_calls();
-    let expected: BTreeMap<String, u64> = [("set".to_owned(), 1)].into_iter().collect();
     assert_eq!(
         store_commands(&before, &after),
-        expected,
+        counts(&[("set", 1)]),
         "a duplicate is one SET NX GET"
     );
+}
+
+/// A Redis that lost its scripts (a restart, a `SCRIPT FLUSH`) answers the complete's
+/// EVALSHA with NOSCRIPT: the gateway loads the script and sends it again, so the marker
+/// still becomes COMPLETED and the retry is a duplicate.
+#[tokio::test]
+async fn a_complete_after_the_scripts_were_flushed_loads_them_again() {
+    let server = RedisServer::start().await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let before = server.command_calls();
+    assert_eq!(client.post("/hook", &msg("sf1")).await.dedup(), "forwarded");
+    let after = server.command_calls();
+    let value: serde_json::Value = serde_json::from_str(server.cli(&["GET", "dedup:bot:sf1"]).trim()).expect("JSON");
+    assert_eq!(value["state"], "completed");
+    // The claim; the complete's EVALSHA refused, SCRIPT LOAD, the EVALSHA again (which
+    // runs a GET and a SET).
+    let expected = counts(&[("evalsha", 2), ("get", 1), ("script|load", 1), ("set", 2)]);
+    assert_eq!(store_commands(&before, &after), expected);
+    assert_eq!(client.post("/hook", &msg("sf1")).await.dedup(), "duplicate");
+    assert_eq!(upstream.count(), 1);
+    assert_eq!(gw.metric(r#"dedup_store_errors_total{op="complete"}"#), 0.0);
 }
 
 #[tokio::test]

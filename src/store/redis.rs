@@ -558,7 +558,7 @@ fn write_processing_value(out: &mut impl std::io::Write, token: Token, first_see
 /// The longest PROCESSING value, for sizing a command's buffer.
 const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + ",\"first_seen_ms\":18446744073709551615}".len();
 
-const TOKEN_PREFIX_LEN: usize = PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + 32 + 1;
+const TOKEN_PREFIX_LEN: usize = PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + Token::HEX_LEN + 1;
 
 /// `{"state":"processing","token":"<hex>"`: what identifies the owner in a value. On
 /// the stack: it is copied into the command that carries it.
@@ -568,7 +568,7 @@ fn token_prefix(token: Token) -> [u8; TOKEN_PREFIX_LEN] {
     state.copy_from_slice(PROCESSING_PREFIX.as_bytes());
     let (field, rest) = rest.split_at_mut(TOKEN_FIELD.len());
     field.copy_from_slice(TOKEN_FIELD.as_bytes());
-    rest[..32].copy_from_slice(&token.hex()); // and the closing quote is already there
+    rest[..Token::HEX_LEN].copy_from_slice(&token.hex()); // and the closing quote is already there
     prefix
 }
 

@@ -276,10 +276,15 @@ def wrk(url, conns, seconds, args, script=os.path.join(BENCH, "post.lua")):
     return r
 
 
-def measure(procs, url, conns, seconds, args, script=os.path.join(BENCH, "post.lua")):
+def measure(procs, url, conns, seconds, args, script=os.path.join(BENCH, "post.lua"), store=None):
+    """One wrk run: its summary, with the CPU per request of `procs` (and, as
+    store_us, of the store's `store` process, if the contestant has one)."""
     before = sum(cpu_seconds(p) for p in procs)
+    store_before = cpu_seconds(store) if store else 0.0
     r = wrk(url, conns, seconds, args, script)
-    r["cpu_us"] = (sum(cpu_seconds(p) for p in procs) - before) / max(r["requests"], 1) * 1e6
+    per_request = 1e6 / max(r["requests"], 1)
+    r["cpu_us"] = (sum(cpu_seconds(p) for p in procs) - before) * per_request
+    r["store_us"] = (cpu_seconds(store) - store_before) * per_request if store else None
     return r
 
 
@@ -306,6 +311,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--skip-memory", action="store_true", help="skip the 1,000,000-key memory run")
     ap.add_argument("--only", help="run only scenarios whose name contains this")
+    ap.add_argument("--redis-server", default="redis-server", metavar="BINARY",
+                    help="the Redis (or Valkey) server for gw-redis and nginx-lua (default: redis-server); "
+                         "e.g. a valkey-server >= 8.1 from .ci/valkey, where the gateway completes with SET IFEQ")
     ap.add_argument("--compare", metavar="BINARY",
                     help="another dedup-gateway build, run as 'gw-memory (B)' and 'gw-redis (B)' next to "
                          "this one in the same rounds: an A/B of two builds")
@@ -330,7 +338,9 @@ def run(opts, work, p):
     print(f"machine: {cores} cores, {os.uname().machine}, {platform_line()}")
     print(f"wrk -t2, {opts.seconds} s per run, {opts.rounds} interleaved rounds\n", flush=True)
 
-    redis = start("redis", ["redis-server", "--port", str(p["redis"]), "--save", "", "--appendonly", "no",
+    version = subprocess.run([opts.redis_server, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"store server: {version}\n", flush=True)
+    redis = start("redis", [opts.redis_server, "--port", str(p["redis"]), "--save", "", "--appendonly", "no",
                             "--maxmemory-policy", "noeviction", "--loglevel", "warning"],
                   open(os.path.join(work, "redis.log"), "w"))
     wait_port(p["redis"], "redis-server")
@@ -368,11 +378,13 @@ def run(opts, work, p):
         for si, (name, path, conns, share, names) in enumerate(scenarios):
             for c in swap_pairs(names) if rnd % 2 == 0 else names:
                 procs, port = contestants[c]
+                store = redis if c.startswith("gw-redis") or c == "nginx-lua" else None
                 route = "/slow-wait" if c.endswith("(wait)") else path
                 if c == "direct" and route == "/hook":
                     route = "/"
                 prefix = f"s{si}r{rnd}{re.sub('[^a-z]', '', c.lower())}"
-                r = measure(procs, f"http://127.0.0.1:{port}{route}", conns, opts.seconds, [prefix, str(share)])
+                r = measure(procs, f"http://127.0.0.1:{port}{route}", conns, opts.seconds, [prefix, str(share)],
+                            store=store)
                 results.setdefault((name, c), []).append(r)
                 if c.startswith("gw") or c == "nginx-lua":
                     dedup_runs.append((prefix, c))
@@ -529,8 +541,8 @@ def duplicates_delivered(log, runs):
 def report(scenarios, results, senders, memory, doubled):
     med = statistics.median
     print("\n## Throughput, latency and CPU (median of the rounds; ratio to nginx within each round)\n")
-    print("| scenario | contestant | req/s | p50 | p99 | ratio to nginx | CPU µs/req |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| scenario | contestant | req/s | p50 | p99 | ratio to nginx | CPU µs/req | Redis CPU µs/req |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, _, _, _, names in scenarios:
         base = results[(name, "nginx")]
         for c in names:
@@ -538,19 +550,23 @@ def report(scenarios, results, senders, memory, doubled):
             ratio = med(r["rps"] / b["rps"] for r, b in zip(rs, base))
             errs = sum(r["status_errors"] + r["socket_errors"] for r in rs)
             note = f" ({errs} non-2xx/socket errors)" if errs else ""
+            store = f"{med(r['store_us'] for r in rs):.1f}" if rs[0]["store_us"] is not None else ""
             print(f"| {name} | {c}{note} | {med(r['rps'] for r in rs):,.0f} | "
                   f"{med(r['p50_us'] for r in rs) / 1000:.2f} ms | {med(r['p99_us'] for r in rs) / 1000:.2f} ms | "
-                  f"{ratio:.2f}x | {med(r['cpu_us'] for r in rs):.1f} |")
+                  f"{ratio:.2f}x | {med(r['cpu_us'] for r in rs):.1f} | {store} |")
     pairs = [(name, c) for name, *_, names in scenarios for c in names if f"{c} (B)" in names]
     if pairs:
         print("\n## This build against --compare's (req/s of A / B within each round)\n")
-        print("| scenario | contestant | median | lowest | highest | CPU µs/req A / B |")
-        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        print("| scenario | contestant | median | lowest | highest | CPU µs/req A / B | Redis CPU µs/req A / B |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for name, c in pairs:
             a, b = results[(name, c)], results[(name, f"{c} (B)")]
             ratios = [x["rps"] / y["rps"] for x, y in zip(a, b)]
             cpu = f"{med(x['cpu_us'] for x in a):.1f} / {med(y['cpu_us'] for y in b):.1f}"
-            print(f"| {name} | {c} | {med(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | {cpu} |")
+            store = ""
+            if a[0]["store_us"] is not None:
+                store = f"{med(x['store_us'] for x in a):.1f} / {med(y['store_us'] for y in b):.1f}"
+            print(f"| {name} | {c} | {med(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | {cpu} | {store} |")
     if senders:
         base = senders["plain JSON"]
         print("\n## Signed and encrypted senders (gw-memory, c=32, every request checked and a duplicate)\n")

@@ -177,6 +177,8 @@ pub enum Claim {
 /// What a COMPLETED marker records.
 #[derive(Clone, Debug)]
 pub struct Completion {
+    /// The claim's `first_seen_ms`: Redis, completing with `SET ... IFEQ`, compares the
+    /// whole PROCESSING value, which holds it next to the token.
     pub first_seen_ms: u64,
     pub ttl: Duration,
     pub response: Option<StoredResponse>,

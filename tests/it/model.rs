@@ -618,13 +618,23 @@ fn memory_store_evicts_only_the_oldest_completed_under_max_bytes() {
 
 #[test]
 fn redis_store_follows_the_model_with_lost_replies() {
+    redis_follows_the_model(RedisServer::start());
+}
+
+/// The same on Valkey 8.1, where complete is `SET ... IFEQ` rather than a script.
+#[test]
+fn redis_store_follows_the_model_on_valkey_with_set_if_eq() {
+    redis_follows_the_model(RedisServer::start_valkey());
+}
+
+fn redis_follows_the_model(start: impl Future<Output = RedisServer>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     let (server, side, store) = rt.block_on(async {
-        let server = RedisServer::start().await;
+        let server = start.await;
         let proxy = SwallowingProxy::start(server.addr()).await;
         let store = RedisStore::connect(
             &RedisTarget::Standalone(proxy.url()),

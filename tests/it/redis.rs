@@ -154,6 +154,75 @@ async fn a_new_message_costs_two_round_trips_and_a_duplicate_one() {
     );
 }
 
+/// On a server with `SET ... IFEQ` (Valkey 8.1 here), complete is that one command: no
+/// script runs, and the marker still becomes COMPLETED only from the owner's PROCESSING.
+#[tokio::test]
+async fn on_valkey_a_complete_is_one_set_if_eq_and_no_script() {
+    let server = RedisServer::start_valkey().await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()).route("replay = true"), &upstream).await;
+    let client = gw.client();
+
+    let before = server.command_calls();
+    assert_eq!(client.post("/hook", &msg("if1")).await.dedup(), "forwarded");
+    let after = server.command_calls();
+    // Round trips: SET NX GET (claim) and SET IFEQ (complete); nothing inside them.
+    assert_eq!(store_commands(&before, &after), counts(&[("set", 2)]));
+    let value: serde_json::Value = serde_json::from_str(server.cli(&["GET", "dedup:bot:if1"]).trim()).expect("JSON");
+    assert_eq!(value["state"], "completed");
+    assert_eq!(value["response"]["body"], r#"{"reply":"ok if1"}"#);
+    let ttl = pttl(&server, "dedup:bot:if1");
+    assert!(ttl > 23 * 3600 * 1000, "COMPLETED gets completed_ttl (24h): {ttl}");
+
+    let r = client.post("/hook", &msg("if1")).await;
+    assert_eq!((r.dedup(), r.body.as_str()), ("replayed", r#"{"reply":"ok if1"}"#));
+    assert_eq!(upstream.count(), 1);
+    assert_eq!(gw.metric(r#"dedup_store_errors_total{op="complete"}"#), 0.0);
+}
+
+/// The gateway started on Valkey 8.1 (complete by `SET IFEQ`); the server behind the URL
+/// is then a Redis 7 (a failover to an older node, a downgrade). Its first complete is
+/// refused as a syntax error, which changes nothing, and is made with the script
+/// instead; every complete after that goes straight to the script.
+#[tokio::test]
+async fn a_server_without_set_if_eq_after_the_start_gets_the_script() {
+    let mut server = RedisServer::start_valkey().await;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+    let before = server.command_calls();
+    assert_eq!(client.post("/hook", &msg("dg1")).await.dedup(), "forwarded");
+    let after = server.command_calls();
+    assert_eq!(
+        store_commands(&before, &after),
+        counts(&[("set", 2)]),
+        "SET IFEQ at first"
+    );
+
+    server.restart_as("redis-server".into()).await;
+    assert!(!server.cli(&["INFO", "server"]).contains("valkey_version"));
+    wait_ready(&Client::http1(gw.admin.expect("admin")), 200).await;
+    let r = client.post("/hook", &msg("dg2")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (200, "forwarded"), "{r:?}");
+    let value: serde_json::Value = serde_json::from_str(server.cli(&["GET", "dedup:bot:dg2"]).trim()).expect("JSON");
+    assert_eq!(
+        value["state"], "completed",
+        "completed by the script after IFEQ was refused"
+    );
+    assert_eq!(client.post("/hook", &msg("dg2")).await.dedup(), "duplicate");
+
+    let before = server.command_calls();
+    assert_eq!(client.post("/hook", &msg("dg3")).await.dedup(), "forwarded");
+    let after = server.command_calls();
+    assert_eq!(
+        store_commands(&before, &after),
+        counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
+        "no more SET IFEQ: the claim and the script (its GET and SET inside)"
+    );
+    assert_eq!(upstream.count(), 3);
+    assert_eq!(gw.metric(r#"dedup_store_errors_total{op="complete"}"#), 0.0);
+}
+
 /// A Redis that lost its scripts (a restart, a `SCRIPT FLUSH`) answers the complete's
 /// EVALSHA with NOSCRIPT: the gateway loads the script and sends it again, so the marker
 /// still becomes COMPLETED and the retry is a duplicate.

@@ -5,8 +5,8 @@
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,12 +39,38 @@ pub fn free_port() -> u16 {
     }
 }
 
-/// One `redis-server` process with its own directory.
+/// A `valkey-server` >= 8.1, the first server with `SET ... IFEQ`: `$VALKEY_SERVER`,
+/// else what `.ci/valkey` finds or builds (once per test run; about a minute the first
+/// time, then cached in target/valkey/).
+pub fn valkey_server() -> PathBuf {
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("VALKEY_SERVER") {
+                return PathBuf::from(path);
+            }
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/valkey");
+            let out = Command::new(script)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run .ci/valkey");
+            assert!(
+                out.status.success(),
+                "no valkey-server >= 8.1 (for the SET IFEQ tests), and .ci/valkey could not build one \
+                 (it needs Debian's archive, curl, make and a C compiler); set VALKEY_SERVER to one"
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}
+
+/// One `redis-server` (or `valkey-server`) process with its own directory.
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: TempFile,
     args: Vec<String>,
+    binary: PathBuf,
 }
 
 impl RedisServer {
@@ -55,6 +81,15 @@ impl RedisServer {
     /// Starts with extra `redis-server` arguments, e.g. `["--appendonly", "yes"]`.
     pub async fn start_with(args: &[&str]) -> Self {
         require("redis-server");
+        Self::start_binary("redis-server".into(), args).await
+    }
+
+    /// Starts a [`valkey_server`].
+    pub async fn start_valkey() -> Self {
+        Self::start_binary(valkey_server(), &[]).await
+    }
+
+    async fn start_binary(binary: PathBuf, args: &[&str]) -> Self {
         require("redis-cli");
         let dir = TempFile::new("redis.marker", "");
         let mut server = RedisServer {
@@ -62,6 +97,7 @@ impl RedisServer {
             port: 0,
             dir,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            binary,
         };
         for _ in 0..5 {
             server.port = free_port();
@@ -69,7 +105,7 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("redis-server did not start");
+        panic!("{} did not start", server.binary.display());
     }
 
     fn dir(&self) -> PathBuf {
@@ -77,7 +113,7 @@ impl RedisServer {
     }
 
     async fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
             .args(["--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"])
             .arg("--dir")
@@ -86,7 +122,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("spawn redis-server");
+            .expect("spawn the server");
         self.child = Some(child);
         let pid = self.child.as_ref().map(Child::id).unwrap_or_default();
         for _ in 0..500 {
@@ -130,6 +166,13 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Starts `binary` in its place, on the same port and directory: an upgrade or a
+    /// downgrade, as the client sees it.
+    pub async fn restart_as(&mut self, binary: PathBuf) {
+        self.binary = binary;
+        self.restart().await;
     }
 
     /// Starts again on the same port and directory (an AOF, if enabled, is reloaded).

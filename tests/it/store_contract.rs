@@ -13,10 +13,13 @@ use http::{HeaderValue, StatusCode};
 use crate::servers::{RedisCluster, RedisServer};
 
 const TTL: Duration = Duration::from_secs(30);
+/// When the contract's messages were first seen.
+const FIRST: u64 = 1_700_000_000_000;
 
-fn completion(response: Option<StoredResponse>) -> Completion {
+/// A completion of the claim made at `first_seen_ms` (a completion carries its claim's).
+fn completion(first_seen_ms: u64, response: Option<StoredResponse>) -> Completion {
     Completion {
-        first_seen_ms: 1_700_000_000_000,
+        first_seen_ms,
         ttl: TTL,
         response,
     }
@@ -36,7 +39,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
 
     assert_eq!(store.get(&key("k")).await.expect("get"), None);
     assert_eq!(
-        store.claim(&key("k"), a, 1_700_000_000_000, TTL).await.expect("claim"),
+        store.claim(&key("k"), a, FIRST, TTL).await.expect("claim"),
         Claim::Claimed
     );
     assert_eq!(holder(store.claim(&key("k"), b, 2, TTL).await.expect("claim")), Some(a));
@@ -45,8 +48,11 @@ pub async fn contract(store: &impl Store, ns: &str) {
         "a stranger cannot release"
     );
     assert!(
-        !store.complete(&key("k"), b, completion(None)).await.expect("complete"),
-        "nor complete"
+        !store
+            .complete(&key("k"), b, completion(FIRST, None))
+            .await
+            .expect("complete"),
+        "nor complete, even knowing when the message was first seen"
     );
     assert_eq!(
         holder(store.claim(&key("k"), b, 2, TTL).await.expect("claim")),
@@ -62,7 +68,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
     };
     assert!(
         store
-            .complete(&key("k"), a, completion(Some(reply.clone())))
+            .complete(&key("k"), a, completion(FIRST, Some(reply.clone())))
             .await
             .expect("complete")
     );
@@ -75,7 +81,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
             first_seen_ms,
             response,
         }) => {
-            assert_eq!(first_seen_ms, 1_700_000_000_000, "first sighting survives completion");
+            assert_eq!(first_seen_ms, FIRST, "first sighting survives completion");
             assert_eq!(response.as_deref(), Some(&reply));
         }
         other => panic!("expected COMPLETED, got {other:?}"),
@@ -85,10 +91,20 @@ pub async fn contract(store: &impl Store, ns: &str) {
     assert_eq!(store.claim(&key("s"), a, 1, TTL).await.expect("claim"), Claim::Claimed);
     assert!(store.release(&key("s"), a).await.expect("release"));
     assert_eq!(store.claim(&key("s"), b, 2, TTL).await.expect("claim"), Claim::Claimed);
-    assert!(!store.complete(&key("s"), a, completion(None)).await.expect("complete"));
+    assert!(
+        !store
+            .complete(&key("s"), a, completion(1, None))
+            .await
+            .expect("complete")
+    );
     assert!(!store.release(&key("s"), a).await.expect("release"));
     assert_eq!(holder(store.claim(&key("s"), a, 3, TTL).await.expect("claim")), Some(b));
-    assert!(store.complete(&key("s"), b, completion(None)).await.expect("complete"));
+    assert!(
+        store
+            .complete(&key("s"), b, completion(2, None))
+            .await
+            .expect("complete")
+    );
 
     // Claiming again with one's own token shows the marker as one's own: that is how a
     // lost claim reply is resolved.
@@ -110,14 +126,11 @@ async fn admin_contract(store: &impl Store, ns: &str) {
     let owner = Token::generate();
     assert_eq!(store.inspect(&key("p")).await.expect("inspect"), None);
     assert_eq!(store.forget(&key("p"), true).await.expect("forget"), Forgotten::Absent);
-    store
-        .claim(&key("p"), owner, 1_700_000_000_000, TTL)
-        .await
-        .expect("claim");
+    store.claim(&key("p"), owner, FIRST, TTL).await.expect("claim");
     let info = store.inspect(&key("p")).await.expect("inspect").expect("present");
     assert_eq!(
         (info.state, info.first_seen_ms, info.reply_stored),
-        (KeyState::Processing, 1_700_000_000_000, false)
+        (KeyState::Processing, FIRST, false)
     );
     assert!(info.ttl.is_some_and(|t| t <= TTL && t > TTL / 2), "{info:?}");
     assert_eq!(
@@ -134,7 +147,7 @@ async fn admin_contract(store: &impl Store, ns: &str) {
     );
     assert!(
         !store
-            .complete(&key("p"), owner, completion(None))
+            .complete(&key("p"), owner, completion(FIRST, None))
             .await
             .expect("complete"),
         "the owner lost it"
@@ -153,7 +166,7 @@ async fn admin_contract(store: &impl Store, ns: &str) {
     };
     assert!(
         store
-            .complete(&key("c"), owner, completion(Some(reply)))
+            .complete(&key("c"), owner, completion(3, Some(reply)))
             .await
             .expect("complete")
     );
@@ -206,4 +219,11 @@ async fn redis_cluster_store_keeps_the_contract() {
     for ns in ["a", "b", "c", "d", "e", "f"] {
         contract(&store, ns).await;
     }
+}
+
+/// Valkey 8.1 has `SET ... IFEQ`: complete is that command, not the script.
+#[tokio::test]
+async fn redis_store_keeps_the_contract_on_valkey_with_set_if_eq() {
+    let server = RedisServer::start_valkey().await;
+    contract(&redis_store(server.url()).await, "valkey").await;
 }

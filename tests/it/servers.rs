@@ -213,11 +213,20 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub async fn start() -> Self {
+        require("redis-server");
+        Self::start_on("redis-server".into()).await
+    }
+
+    /// Three [`valkey_server`] nodes.
+    pub async fn start_valkey() -> Self {
+        Self::start_on(valkey_server()).await
+    }
+
+    async fn start_on(binary: PathBuf) -> Self {
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            nodes.push(
-                RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]).await,
-            );
+            let args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
+            nodes.push(RedisServer::start_binary(binary.clone(), &args).await);
         }
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new("redis-cli")

@@ -207,18 +207,66 @@ async fn redis_store_keeps_the_contract() {
 #[tokio::test]
 async fn redis_cluster_store_keeps_the_contract() {
     let cluster = RedisCluster::start().await;
+    let store = cluster_store(&cluster).await;
+    // Keys in different slots, so more than one node answers.
+    for ns in ["a", "b", "c", "d", "e", "f"] {
+        contract(&store, ns).await;
+    }
+}
+
+async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     let seeds = cluster
         .nodes
         .iter()
         .map(|n| format!("redis://127.0.0.1:{}", n.port))
         .collect();
-    let store = RedisStore::connect(&RedisTarget::Cluster(seeds), 4, Duration::from_millis(500), "dedup:")
+    RedisStore::connect(&RedisTarget::Cluster(seeds), 4, Duration::from_millis(500), "dedup:")
         .await
-        .expect("connect to cluster");
-    // Keys in different slots, so more than one node answers.
-    for ns in ["a", "b", "c", "d", "e", "f"] {
+        .expect("connect to cluster")
+}
+
+/// The sum over the nodes of each command's calls.
+fn cluster_calls(cluster: &RedisCluster) -> std::collections::BTreeMap<String, u64> {
+    let mut sum = std::collections::BTreeMap::new();
+    for node in &cluster.nodes {
+        for (cmd, n) in node.command_calls() {
+            *sum.entry(cmd).or_insert(0) += n;
+        }
+    }
+    sum
+}
+
+/// On a Valkey 8.1 cluster: the contract, and a complete routed to its key's node as
+/// one `SET IFEQ`, no script.
+#[tokio::test]
+async fn redis_cluster_store_keeps_the_contract_on_valkey_with_set_if_eq() {
+    let cluster = RedisCluster::start_valkey().await;
+    let store = cluster_store(&cluster).await;
+    for ns in ["a", "b", "c"] {
         contract(&store, ns).await;
     }
+    let owner = Token::generate();
+    let before = cluster_calls(&cluster);
+    for k in ["x", "y", "z"] {
+        let key = format!("contract:ifeq:{k}");
+        assert_eq!(
+            store.claim(&key, owner, FIRST, TTL).await.expect("claim"),
+            Claim::Claimed
+        );
+        assert!(
+            store
+                .complete(&key, owner, completion(FIRST, None))
+                .await
+                .expect("complete")
+        );
+    }
+    let after = cluster_calls(&cluster);
+    let delta = |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
+    assert_eq!(
+        (delta("set"), delta("evalsha")),
+        (6, 0),
+        "claims and completes: SET only"
+    );
 }
 
 /// Valkey 8.1 has `SET ... IFEQ`: complete is that command, not the script.

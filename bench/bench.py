@@ -313,7 +313,7 @@ def main():
     ap.add_argument("--only", help="run only scenarios whose name contains this")
     ap.add_argument("--redis-server", default="redis-server", metavar="BINARY",
                     help="the Redis (or Valkey) server for gw-redis and nginx-lua (default: redis-server); "
-                         "e.g. a valkey-server >= 8.1 from .ci/valkey, where the gateway completes with SET IFEQ")
+                         "e.g. a valkey-server >= 8.1 from .ci/server valkey, where the gateway completes with SET IFEQ")
     ap.add_argument("--compare", metavar="BINARY",
                     help="another dedup-gateway build, run as 'gw-memory (B)' and 'gw-redis (B)' next to "
                          "this one in the same rounds: an A/B of two builds")

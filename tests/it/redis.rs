@@ -154,11 +154,19 @@ async fn a_new_message_costs_two_round_trips_and_a_duplicate_one() {
     );
 }
 
-/// On a server with `SET ... IFEQ` (Valkey 8.1 here), complete is that one command: no
-/// script runs, and the marker still becomes COMPLETED only from the owner's PROCESSING.
+/// On a server with `SET ... IFEQ`, complete is that one command: no script runs, and
+/// the marker still becomes COMPLETED only from the owner's PROCESSING.
 #[tokio::test]
-async fn on_valkey_a_complete_is_one_set_if_eq_and_no_script() {
-    let server = RedisServer::start_valkey().await;
+async fn on_valkey_8_1_a_complete_is_one_set_if_eq_and_no_script() {
+    a_complete_is_one_set_if_eq_and_no_script(RedisServer::start_valkey().await).await;
+}
+
+#[tokio::test]
+async fn on_redis_8_4_a_complete_is_one_set_if_eq_and_no_script() {
+    a_complete_is_one_set_if_eq_and_no_script(RedisServer::start_redis8().await).await;
+}
+
+async fn a_complete_is_one_set_if_eq_and_no_script(server: RedisServer) {
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&redis_cfg(&server.url()).route("replay = true"), &upstream).await;
     let client = gw.client();

@@ -39,29 +39,40 @@ pub fn free_port() -> u16 {
     }
 }
 
-/// A `valkey-server` >= 8.1, the first server with `SET ... IFEQ`: `$VALKEY_SERVER`,
-/// else what `.ci/valkey` finds or builds (once per test run; about a minute the first
-/// time, then cached in target/valkey/).
+/// A `valkey-server` >= 8.1 (the first Valkey with `SET ... IFEQ`): `$VALKEY_SERVER`,
+/// else what `.ci/server valkey` finds or builds.
 pub fn valkey_server() -> PathBuf {
     static FOUND: OnceLock<PathBuf> = OnceLock::new();
     FOUND
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os("VALKEY_SERVER") {
-                return PathBuf::from(path);
-            }
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/valkey");
-            let out = Command::new(script)
-                .stderr(Stdio::inherit())
-                .output()
-                .expect("run .ci/valkey");
-            assert!(
-                out.status.success(),
-                "no valkey-server >= 8.1 (for the SET IFEQ tests), and .ci/valkey could not build one \
-                 (it needs Debian's archive, curl, make and a C compiler); set VALKEY_SERVER to one"
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        })
+        .get_or_init(|| server_with_ifeq("valkey", "VALKEY_SERVER"))
         .clone()
+}
+
+/// A `redis-server` >= 8.4 (the first Redis with `SET ... IFEQ`): `$REDIS8_SERVER`, else
+/// what `.ci/server redis` finds or builds.
+pub fn redis8_server() -> PathBuf {
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    FOUND.get_or_init(|| server_with_ifeq("redis", "REDIS8_SERVER")).clone()
+}
+
+/// `$env`, else `.ci/server <name>` (once per test run; about a minute the first time,
+/// then cached in target/<name>/). Fails, never skips, when neither gives one.
+fn server_with_ifeq(name: &str, env: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env) {
+        return PathBuf::from(path);
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/server");
+    let out = Command::new(script)
+        .arg(name)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run .ci/server");
+    assert!(
+        out.status.success(),
+        "no {name} server with SET IFEQ for these tests, and `.ci/server {name}` could not build one \
+         (it needs Debian's archive, curl, make and a C compiler); set {env} to one"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// One `redis-server` (or `valkey-server`) process with its own directory.
@@ -87,6 +98,11 @@ impl RedisServer {
     /// Starts a [`valkey_server`].
     pub async fn start_valkey() -> Self {
         Self::start_binary(valkey_server(), &[]).await
+    }
+
+    /// Starts a [`redis8_server`].
+    pub async fn start_redis8() -> Self {
+        Self::start_binary(redis8_server(), &[]).await
     }
 
     async fn start_binary(binary: PathBuf, args: &[&str]) -> Self {

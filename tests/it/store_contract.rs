@@ -275,3 +275,10 @@ async fn redis_store_keeps_the_contract_on_valkey_with_set_if_eq() {
     let server = RedisServer::start_valkey().await;
     contract(&redis_store(server.url()).await, "valkey").await;
 }
+
+/// Redis 8.4 has `SET ... IFEQ` too (found by `redis_version`, where Valkey reports 7.2).
+#[tokio::test]
+async fn redis_store_keeps_the_contract_on_redis_8_with_set_if_eq() {
+    let server = RedisServer::start_redis8().await;
+    contract(&redis_store(server.url()).await, "redis8").await;
+}

@@ -74,7 +74,8 @@ pub struct RedisStore {
 }
 
 /// What a failed call tells about the command and about the connection it used. One
-/// table decides it for every reply Redis can give ([`REPLY_CODES`]).
+/// table decides it by the reply's code ([`REPLY_CODES`]); within `ERR`, only a syntax
+/// error is told apart ([`Failure::Unsupported`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Failure {
     /// Sent, and no reply came (transport error, timeout): it may have taken effect.

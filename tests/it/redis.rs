@@ -12,7 +12,7 @@ use http::Method;
 use crate::process::GatewayProcess;
 use crate::servers::{RedisCluster, RedisServer, SwallowingProxy};
 use crate::store_contract::redis_store;
-use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, eventually, msg, within};
+use crate::support::{Cfg, Client, Gate, Reply, Resp, TestGateway, Upstream, eventually, msg, within};
 
 /// A gateway on this Redis, with the default `store.timeout` (250 ms).
 fn redis_cfg(url: &str) -> Cfg {
@@ -127,6 +127,13 @@ pub(crate) fn store_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<St
         .collect()
 }
 
+/// Posts message `id` to /hook: the reply, and the store commands it cost.
+async fn post_counted(server: &RedisServer, client: &Client, id: &str) -> (Resp, BTreeMap<String, u64>) {
+    let before = server.command_calls();
+    let reply = client.post("/hook", &msg(id)).await;
+    (reply, store_commands(&before, &server.command_calls()))
+}
+
 #[tokio::test]
 async fn a_new_message_costs_two_round_trips_and_a_duplicate_one() {
     let server = RedisServer::start().await;
@@ -134,24 +141,15 @@ async fn a_new_message_costs_two_round_trips_and_a_duplicate_one() {
     let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
     let client = gw.client();
 
-    let before = server.command_calls();
-    assert_eq!(client.post("/hook", &msg("rt1")).await.dedup(), "forwarded");
-    let after = server.command_calls();
+    let (r, cost) = post_counted(&server, &client, "rt1").await;
+    assert_eq!(r.dedup(), "forwarded");
     // Round trips: SET NX GET (claim) and EVALSHA (complete). Redis also counts the
     // GET and SET the script runs inside, without a round trip.
-    assert_eq!(
-        store_commands(&before, &after),
-        counts(&[("evalsha", 1), ("get", 1), ("set", 2)])
-    );
+    assert_eq!(cost, counts(&[("evalsha", 1), ("get", 1), ("set", 2)]));
 
-    let before = server.command_calls();
-    assert_eq!(client.post("/hook", &msg("rt1")).await.dedup(), "duplicate");
-    let after = server.command_calls();
-    assert_eq!(
-        store_commands(&before, &after),
-        counts(&[("set", 1)]),
-        "a duplicate is one SET NX GET"
-    );
+    let (r, cost) = post_counted(&server, &client, "rt1").await;
+    assert_eq!(r.dedup(), "duplicate");
+    assert_eq!(cost, counts(&[("set", 1)]), "a duplicate is one SET NX GET");
 }
 
 /// On a server with `SET ... IFEQ`, complete is that one command: no script runs, and
@@ -171,11 +169,10 @@ async fn a_complete_is_one_set_if_eq_and_no_script(server: RedisServer) {
     let gw = TestGateway::start(&redis_cfg(&server.url()).route("replay = true"), &upstream).await;
     let client = gw.client();
 
-    let before = server.command_calls();
-    assert_eq!(client.post("/hook", &msg("if1")).await.dedup(), "forwarded");
-    let after = server.command_calls();
+    let (r, cost) = post_counted(&server, &client, "if1").await;
+    assert_eq!(r.dedup(), "forwarded");
     // Round trips: SET NX GET (claim) and SET IFEQ (complete); nothing inside them.
-    assert_eq!(store_commands(&before, &after), counts(&[("set", 2)]));
+    assert_eq!(cost, counts(&[("set", 2)]));
     let value: serde_json::Value = serde_json::from_str(server.cli(&["GET", "dedup:bot:if1"]).trim()).expect("JSON");
     assert_eq!(value["state"], "completed");
     assert_eq!(value["response"]["body"], r#"{"reply":"ok if1"}"#);
@@ -198,14 +195,9 @@ async fn a_server_without_set_if_eq_after_the_start_gets_the_script() {
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
     let client = gw.client();
-    let before = server.command_calls();
-    assert_eq!(client.post("/hook", &msg("dg1")).await.dedup(), "forwarded");
-    let after = server.command_calls();
-    assert_eq!(
-        store_commands(&before, &after),
-        counts(&[("set", 2)]),
-        "SET IFEQ at first"
-    );
+    let (r, cost) = post_counted(&server, &client, "dg1").await;
+    assert_eq!(r.dedup(), "forwarded");
+    assert_eq!(cost, counts(&[("set", 2)]), "SET IFEQ at first");
 
     server.restart_as("redis-server".into()).await;
     assert!(!server.cli(&["INFO", "server"]).contains("valkey_version"));
@@ -219,11 +211,10 @@ async fn a_server_without_set_if_eq_after_the_start_gets_the_script() {
     );
     assert_eq!(client.post("/hook", &msg("dg2")).await.dedup(), "duplicate");
 
-    let before = server.command_calls();
-    assert_eq!(client.post("/hook", &msg("dg3")).await.dedup(), "forwarded");
-    let after = server.command_calls();
+    let (r, cost) = post_counted(&server, &client, "dg3").await;
+    assert_eq!(r.dedup(), "forwarded");
     assert_eq!(
-        store_commands(&before, &after),
+        cost,
         counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
         "no more SET IFEQ: the claim and the script (its GET and SET inside)"
     );
@@ -241,15 +232,14 @@ async fn a_complete_after_the_scripts_were_flushed_loads_them_again() {
     let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
     let client = gw.client();
     assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
-    let before = server.command_calls();
-    assert_eq!(client.post("/hook", &msg("sf1")).await.dedup(), "forwarded");
-    let after = server.command_calls();
+    let (r, cost) = post_counted(&server, &client, "sf1").await;
+    assert_eq!(r.dedup(), "forwarded");
     let value: serde_json::Value = serde_json::from_str(server.cli(&["GET", "dedup:bot:sf1"]).trim()).expect("JSON");
     assert_eq!(value["state"], "completed");
     // The claim; the complete's EVALSHA refused, SCRIPT LOAD, the EVALSHA again (which
     // runs a GET and a SET).
     let expected = counts(&[("evalsha", 2), ("get", 1), ("script|load", 1), ("set", 2)]);
-    assert_eq!(store_commands(&before, &after), expected);
+    assert_eq!(cost, expected);
     assert_eq!(client.post("/hook", &msg("sf1")).await.dedup(), "duplicate");
     assert_eq!(upstream.count(), 1);
     assert_eq!(gw.metric(r#"dedup_store_errors_total{op="complete"}"#), 0.0);

@@ -149,7 +149,13 @@ impl Task {
                 Ok(Claim::Found(marker)) => marker,
                 Err(ClaimFailed { error, may_have_landed }) => {
                     if may_have_landed {
-                        release_orphan(gw, Arc::clone(&self.key), self.token, policy.processing_ttl);
+                        release_orphan(
+                            gw,
+                            Arc::clone(&self.key),
+                            self.token,
+                            self.first_seen_ms,
+                            policy.processing_ttl,
+                        );
                     }
                     if waits > 0 {
                         // It has seen the key PROCESSING: forwarding it now, whatever
@@ -278,7 +284,7 @@ async fn timed<T, F: Future<Output = Result<T, StoreError>>>(
 ///
 /// At most [`MAX_ORPHAN_RELEASES`] run at once: in a long store outage the rest simply
 /// expire, rather than a crowd of retries competing with real traffic on recovery.
-fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration) {
+fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, first_seen_ms: u64, ttl: Duration) {
     if gw.orphan_releases.fetch_add(1, Ordering::Relaxed) >= MAX_ORPHAN_RELEASES {
         gw.orphan_releases.fetch_sub(1, Ordering::Relaxed);
         gw.metrics.orphan_release(OrphanRelease::Skipped);
@@ -290,7 +296,7 @@ fn release_orphan(gw: &Arc<Gateway>, key: Arc<str>, token: Token, ttl: Duration)
         let mut pause = Duration::from_millis(100);
         let mut how = OrphanRelease::GaveUp;
         while Instant::now() < deadline {
-            if let Ok(released) = timed(&gw, StoreOp::Release, || gw.store.release(&key, token)).await {
+            if let Ok(released) = timed(&gw, StoreOp::Release, || gw.store.release(&key, token, first_seen_ms)).await {
                 how = if released {
                     OrphanRelease::Released
                 } else {

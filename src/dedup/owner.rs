@@ -114,8 +114,10 @@ impl Owner<'_> {
     }
 
     async fn release(&self) {
-        self.store_call(StoreOp::Release, || self.gw.store.release(&self.key, self.token))
-            .await;
+        self.store_call(StoreOp::Release, || {
+            self.gw.store.release(&self.key, self.token, self.first_seen_ms)
+        })
+        .await;
     }
 
     /// Runs a complete or release, once more if the first reply is lost (both are

@@ -549,7 +549,8 @@ impl Store for MemoryStore {
         self.complete_now(key, token, completion)
     }
 
-    async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    /// The token alone identifies the holder here.
+    async fn release(&self, key: &str, token: Token, _first_seen_ms: u64) -> Result<bool, StoreError> {
         self.release_now(key, token)
     }
 
@@ -685,11 +686,14 @@ mod tests {
         assert!(
             matches!(s.claim("k", b, 2, TTL).await.expect("claim"), Claim::Found(Marker::Processing { token, first_seen_ms: 1 }) if token == a)
         );
-        assert!(!s.release("k", b).await.expect("release"), "a stranger cannot release");
+        assert!(
+            !s.release("k", b, 1).await.expect("release"),
+            "a stranger cannot release"
+        );
         assert!(!s.complete("k", b, done(TTL)).await.expect("complete"), "nor complete");
         assert!(s.complete("k", a, done(TTL)).await.expect("complete"));
         assert!(
-            !s.release("k", a).await.expect("release"),
+            !s.release("k", a, 1).await.expect("release"),
             "completed is not processing"
         );
         assert!(matches!(
@@ -920,7 +924,7 @@ mod tests {
             ENTRY_BYTES + (std::mem::size_of::<StoredResponse>() + 16 + 1000 + 10) as u64
         );
         assert_eq!(s.bytes(), Some(a_bytes + ENTRY_BYTES));
-        s.release("b", b).await.expect("release");
+        s.release("b", b, 1).await.expect("release");
         assert_eq!(s.bytes(), Some(a_bytes));
         // Expired, then reclaimed in place: the reply's bytes go with the old state.
         tokio::time::advance(TTL * 2).await;

@@ -232,7 +232,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes PROCESSING(token). False when the marker no longer holds `token`.
-    fn release(&self, key: &str, token: Token) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// `first_seen_ms` is the claim's, as in [`Completion::first_seen_ms`]: Redis,
+    /// releasing with `DELEX ... IFEQ`, compares the whole PROCESSING value.
+    fn release(
+        &self,
+        key: &str,
+        token: Token,
+        first_seen_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Reads a marker without changing it.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Marker>, StoreError>> + Send;
@@ -364,8 +371,13 @@ impl Store for AnyStore {
         each_backend_call!(self, s => s.complete_now(key, token, completion), s.complete(key, token, completion))
     }
 
-    fn release(&self, key: &str, token: Token) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        each_backend_call!(self, s => s.release_now(key, token), s.release(key, token))
+    fn release(
+        &self,
+        key: &str,
+        token: Token,
+        first_seen_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        each_backend_call!(self, s => s.release_now(key, token), s.release(key, token, first_seen_ms))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {

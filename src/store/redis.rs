@@ -2,7 +2,8 @@
 //! Cluster. One round trip per operation: a claim is `SET key v NX PX ttl GET`; complete
 //! and release are compare-and-set / compare-and-delete on the owner token. Complete is
 //! `SET key v PX ttl IFEQ <PROCESSING value>` where every server has `IFEQ` (Valkey >=
-//! 8.1, Redis >= 8.4), else a Lua script; release is always a script (it is rare).
+//! 8.1, Redis >= 8.4), release is `DELEX key IFEQ <PROCESSING value>` where every server
+//! has `DELEX` (Redis >= 8.4); elsewhere each is a Lua script.
 //!
 //! Values are JSON, readable with `redis-cli GET`:
 //! `{"state":"processing","token":"<32 hex>","first_seen_ms":<unix ms>}` and
@@ -69,13 +70,15 @@ pub struct RedisStore {
     connector: Connector,
     /// Complete with `SET ... IFEQ` rather than [`COMPLETE_LUA`]: every server had it
     /// at start-up. A server that refuses it later (a failover to an older one) turns
-    /// it off for good: see [`RedisStore::complete_if_eq`].
+    /// it off for good: see [`RedisStore::unless_unknown`].
     set_if_eq: AtomicBool,
+    /// Release with `DELEX ... IFEQ` rather than [`RELEASE_LUA`], by the same rules.
+    del_if_eq: AtomicBool,
 }
 
 /// What a failed call tells about the command and about the connection it used. One
 /// table decides it by the reply's code ([`REPLY_CODES`]); within `ERR`, only a syntax
-/// error is told apart ([`Failure::Unsupported`]).
+/// error and an unknown command are told apart ([`Failure::Unsupported`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Failure {
     /// Sent, and no reply came (transport error, timeout): it may have taken effect.
@@ -90,8 +93,9 @@ enum Failure {
     Refused,
     /// A reply of the wrong shape.
     Unreadable,
-    /// Refused as a syntax error: the server does not know this form of the command
-    /// (`SET ... IFEQ` before Valkey 8.1 / Redis 8.4). It did not take effect.
+    /// Refused as a syntax error or an unknown command: the server does not know this
+    /// command or this form of it (`SET ... IFEQ` before Valkey 8.1 / Redis 8.4, `DELEX`
+    /// before Redis 8.4). It did not take effect.
     Unsupported,
 }
 
@@ -124,7 +128,10 @@ impl Failure {
         if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
             return Failure::Lost;
         }
-        if e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("syntax error")) {
+        if e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.starts_with("syntax error") || d.starts_with("unknown command"))
+        {
             return Failure::Unsupported;
         }
         if let Some(code) = e.code() {
@@ -416,11 +423,15 @@ impl RedisStore {
             timeout,
             connector,
             set_if_eq: AtomicBool::new(true),
+            del_if_eq: AtomicBool::new(true),
         };
         for url in target.urls() {
             let server = check_server(url, timeout).await?;
             if !server.set_if_eq {
                 store.set_if_eq.store(false, Ordering::Relaxed);
+            }
+            if !server.del_if_eq {
+                store.del_if_eq.store(false, Ordering::Relaxed);
             }
         }
         store.load_scripts().await?;
@@ -510,29 +521,22 @@ impl RedisStore {
         }
     }
 
-    /// Completes with `SET key <COMPLETED> PX ttl IFEQ <PROCESSING value>`: a plain
-    /// command where the script costs the server a Lua call (Valkey 8.1 on the bench
-    /// machine: 2.2 µs of server time instead of 6.6). The PROCESSING value is rebuilt from the token
-    /// and [`Completion::first_seen_ms`], which is the claim's. `None` when the server
-    /// does not know `IFEQ` (so nothing happened): the caller completes with the script,
-    /// as every complete does from then on.
-    async fn complete_if_eq(
+    /// Sends `cmd` (named `what` in the log), a compare-and-set or compare-and-delete that
+    /// only newer servers know (`known` says every server had it at start-up). `None` when the server does not
+    /// know it, so nothing happened: the caller runs its script instead, as every such
+    /// call does from then on (`known` goes off for good).
+    async fn unless_unknown<T: FromRedisValue>(
         &self,
         conns: &Connections,
-        key: &str,
-        token: Token,
-        c: &Completion,
-    ) -> Option<Result<bool, StoreError>> {
-        let mut cmd = command("SET", 6, key.len() + completed_value_len(c) + PROCESSING_VALUE_MAX + 32);
-        cmd.arg(key);
-        write_completed_value(cmd.writer_for_next_arg(), c);
-        cmd.arg("PX").arg(millis(c.ttl)).arg("IFEQ");
-        write_processing_value(&mut cmd.writer_for_next_arg(), token, c.first_seen_ms);
-        match self.call_failing::<Option<redis::Value>>(conns, Call::Cmd(&cmd)).await {
-            Ok(reply) => Some(Ok(reply.is_some())),
+        known: &AtomicBool,
+        what: &'static str,
+        cmd: &Cmd,
+    ) -> Option<Result<T, StoreError>> {
+        match self.call_failing::<T>(conns, Call::Cmd(cmd)).await {
+            Ok(reply) => Some(Ok(reply)),
             Err((Failure::Unsupported, error)) => {
-                if self.set_if_eq.swap(false, Ordering::Relaxed) {
-                    tracing::warn!(%error, "redis refused SET IFEQ (a failover to an older server?): completing with a Lua script from now on");
+                if known.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(%error, command = what, "redis refused a command it had at start-up (a failover to an older server?): using a Lua script for it from now on");
                 }
                 None
             }
@@ -549,6 +553,8 @@ fn unavailable(what: &str, e: &RedisError) -> StoreError {
 struct Server {
     /// It has `SET ... IFEQ`.
     set_if_eq: bool,
+    /// It has `DELEX ... IFEQ`.
+    del_if_eq: bool,
 }
 
 /// Start-up checks on one server: version and eviction policy.
@@ -586,9 +592,10 @@ async fn check_server(url: &str, timeout: Duration) -> Result<Server, StoreError
             tracing::warn!(server = %shown, "cannot read maxmemory-policy (CONFIG disabled?); make sure it is noeviction")
         }
     }
-    let set_if_eq = set_if_eq(version, field("valkey_version:"));
-    tracing::info!(server = %shown, %version, set_if_eq, "redis store checked");
-    Ok(Server { set_if_eq })
+    let valkey = field("valkey_version:");
+    let (set_if_eq, del_if_eq) = (set_if_eq(version, valkey), del_if_eq(version, valkey));
+    tracing::info!(server = %shown, %version, set_if_eq, del_if_eq, "redis store checked");
+    Ok(Server { set_if_eq, del_if_eq })
 }
 
 /// Whether a server has `SET ... IFEQ`: Valkey from 8.1 (which reports itself as
@@ -598,6 +605,12 @@ fn set_if_eq(redis_version: &str, valkey_version: Option<&str>) -> bool {
         Some(valkey) => major_minor(valkey) >= (8, 1),
         None => major_minor(redis_version) >= (8, 4),
     }
+}
+
+/// Whether a server has `DELEX ... IFEQ`: Redis from 8.4. (Valkey's conditional delete
+/// is `DELIFEQ`, from 9.0: not used, so Valkey releases with the script.)
+fn del_if_eq(redis_version: &str, valkey_version: Option<&str>) -> bool {
+    valkey_version.is_none() && major_minor(redis_version) >= (8, 4)
 }
 
 /// `major.minor` of a version string; (0, 0) for one that does not parse.
@@ -800,10 +813,22 @@ impl Store for RedisStore {
 
     async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
         let conns = self.conns();
-        if self.set_if_eq.load(Ordering::Relaxed)
-            && let Some(done) = self.complete_if_eq(&conns, key, token, &completion).await
-        {
-            return done;
+        // `SET key <COMPLETED> PX ttl IFEQ <PROCESSING value>`: a plain command where the
+        // script costs the server a Lua call (Valkey 8.1 on the bench machine: 2.2 µs of
+        // server time instead of 6.6).
+        if self.set_if_eq.load(Ordering::Relaxed) {
+            let c = &completion;
+            let mut cmd = command("SET", 6, key.len() + completed_value_len(c) + PROCESSING_VALUE_MAX + 32);
+            cmd.arg(key);
+            write_completed_value(cmd.writer_for_next_arg(), c);
+            cmd.arg("PX").arg(millis(c.ttl)).arg("IFEQ");
+            write_processing_value(&mut cmd.writer_for_next_arg(), token, c.first_seen_ms);
+            let done = self
+                .unless_unknown::<Option<redis::Value>>(&conns, &self.set_if_eq, "SET IFEQ", &cmd)
+                .await;
+            if let Some(done) = done {
+                return done.map(|reply| reply.is_some());
+            }
         }
         let mut cmd = evalsha(
             &COMPLETE,
@@ -818,10 +843,22 @@ impl Store for RedisStore {
         Ok(done == 1)
     }
 
-    async fn release(&self, key: &str, token: Token) -> Result<bool, StoreError> {
+    async fn release(&self, key: &str, token: Token, first_seen_ms: u64) -> Result<bool, StoreError> {
+        let conns = self.conns();
+        if self.del_if_eq.load(Ordering::Relaxed) {
+            let mut cmd = command("DELEX", 3, key.len() + 4 + PROCESSING_VALUE_MAX);
+            cmd.arg(key).arg("IFEQ");
+            write_processing_value(&mut cmd.writer_for_next_arg(), token, first_seen_ms);
+            if let Some(deleted) = self
+                .unless_unknown::<i64>(&conns, &self.del_if_eq, "DELEX IFEQ", &cmd)
+                .await
+            {
+                return deleted.map(|deleted| deleted == 1);
+            }
+        }
         let mut cmd = evalsha(&RELEASE, key, 1, TOKEN_PREFIX_LEN);
         cmd.arg(&token_prefix(token)[..]);
-        let deleted: i64 = self.call(&self.conns(), Call::Script(&RELEASE, &cmd)).await?;
+        let deleted: i64 = self.call(&conns, Call::Script(&RELEASE, &cmd)).await?;
         Ok(deleted == 1)
     }
 
@@ -1070,9 +1107,16 @@ mod tests {
             (reply("-NOSCRIPT No matching script.\r\n"), Failure::Refused),
             (reply("-MOVED 3999 127.0.0.1:6381\r\n"), Failure::Refused),
             (reply("-ASK 3999 127.0.0.1:6381\r\n"), Failure::Refused),
-            (reply("-ERR unknown command\r\n"), Failure::Refused),
-            // Redis 7's answer to `SET ... IFEQ`.
+            (
+                reply("-ERR wrong number of arguments for 'get' command\r\n"),
+                Failure::Refused,
+            ),
+            // Redis 7's answers to `SET ... IFEQ` and to `DELEX`.
             (reply("-ERR syntax error\r\n"), Failure::Unsupported),
+            (
+                reply("-ERR unknown command 'delex', with args beginning with: 'k' 'IFEQ' 'v' \r\n"),
+                Failure::Unsupported,
+            ),
             (io(std::io::ErrorKind::ConnectionReset), Failure::Lost),
             (io(std::io::ErrorKind::UnexpectedEof), Failure::Lost),
             (io(std::io::ErrorKind::TimedOut), Failure::Lost),
@@ -1098,20 +1142,21 @@ mod tests {
     }
 
     #[test]
-    fn set_if_eq_is_used_on_valkey_from_8_1_and_redis_from_8_4() {
-        // (redis_version, valkey_version) as INFO server gives them.
+    fn set_if_eq_is_used_from_valkey_8_1_and_redis_8_4_and_delex_from_redis_8_4() {
+        // (redis_version, valkey_version) as INFO server gives them; then SET IFEQ, DELEX.
         let cases = [
-            ("7.0.15", None, false),
-            ("8.2.1", None, false),
-            ("8.4.0", None, true),
-            ("10.0.0", None, true),
-            ("7.2.4", Some("8.0.1"), false),
-            ("7.2.4", Some("8.1.1"), true),
-            ("7.2.4", Some("9.0.0"), true),
-            ("unknown", None, false),
+            ("7.0.15", None, false, false),
+            ("8.2.1", None, false, false),
+            ("8.4.0", None, true, true),
+            ("10.0.0", None, true, true),
+            ("7.2.4", Some("8.0.1"), false, false),
+            ("7.2.4", Some("8.1.1"), true, false),
+            ("7.2.4", Some("9.0.0"), true, false),
+            ("unknown", None, false, false),
         ];
-        for (redis, valkey, expected) in cases {
-            assert_eq!(set_if_eq(redis, valkey), expected, "{redis} {valkey:?}");
+        for (redis, valkey, set, del) in cases {
+            let found = (set_if_eq(redis, valkey), del_if_eq(redis, valkey));
+            assert_eq!(found, (set, del), "{redis} {valkey:?}");
         }
     }
 

@@ -370,9 +370,10 @@ impl<S: Store> Subject<'_, S> {
                 }
             }
             Op::Release { owner, key } => {
+                let first_seen = model.live(key).map_or(first_seen, |s| s.first_seen);
                 let released = self
                     .store
-                    .release(&self.keys[key], self.tokens[owner])
+                    .release(&self.keys[key], self.tokens[owner], first_seen)
                     .await
                     .map_err(|e| fail(format!("release: {e}")))?;
                 prop_assert_eq!(released, model.release(owner, key), "step {}: {:?}", step, op);
@@ -625,6 +626,12 @@ fn redis_store_follows_the_model_with_lost_replies() {
 #[test]
 fn redis_store_follows_the_model_on_valkey_with_set_if_eq() {
     redis_follows_the_model(RedisServer::start_valkey());
+}
+
+/// The same on Redis 8.6, where complete is `SET ... IFEQ` and release `DELEX ... IFEQ`.
+#[test]
+fn redis_store_follows_the_model_on_redis_8_with_set_and_delex_if_eq() {
+    redis_follows_the_model(RedisServer::start_redis8());
 }
 
 fn redis_follows_the_model(start: impl Future<Output = RedisServer>) {

@@ -121,7 +121,12 @@ fn counts(calls: &[(&str, u64)]) -> BTreeMap<String, u64> {
 pub(crate) fn store_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
-        .filter(|(cmd, _)| matches!(cmd.as_str(), "set" | "get" | "del" | "eval" | "evalsha" | "script|load"))
+        .filter(|(cmd, _)| {
+            matches!(
+                cmd.as_str(),
+                "set" | "get" | "del" | "delex" | "eval" | "evalsha" | "script|load"
+            )
+        })
         .map(|(cmd, n)| (cmd.clone(), n - before.get(cmd).copied().unwrap_or(0)))
         .filter(|(_, n)| *n > 0)
         .collect()
@@ -220,6 +225,76 @@ async fn a_server_without_set_if_eq_after_the_start_gets_the_script() {
     );
     assert_eq!(upstream.count(), 3);
     assert_eq!(gw.metric(r#"dedup_store_errors_total{op="complete"}"#), 0.0);
+}
+
+/// An upstream that fails (500) the messages whose id starts with "fail", so that their
+/// owners release the claim.
+async fn failing_upstream() -> Upstream {
+    Upstream::with(|r| async move {
+        let id = r.msg_id().unwrap_or_default();
+        Reply::new(
+            if id.starts_with("fail") { 500 } else { 200 },
+            format!("{{\"reply\":\"{id}\"}}"),
+        )
+    })
+    .await
+}
+
+/// On Redis >= 8.4 a release is one `DELEX ... IFEQ`: no script, and the retry is
+/// forwarded again (the marker is gone).
+#[tokio::test]
+async fn on_redis_8_4_a_release_is_one_delex_and_no_script() {
+    let server = RedisServer::start_redis8().await;
+    let upstream = failing_upstream().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+
+    let (r, cost) = post_counted(&server, &client, "fail-rl1").await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (500, "forwarded"), "{r:?}");
+    assert_eq!(cost, counts(&[("delex", 1), ("set", 1)]), "SET NX GET, then DELEX IFEQ");
+    assert_eq!(server.cli(&["EXISTS", "dedup:bot:fail-rl1"]).trim(), "0", "released");
+    let (r, _) = post_counted(&server, &client, "fail-rl1").await;
+    assert_eq!(
+        (r.status.as_u16(), r.dedup()),
+        (500, "forwarded"),
+        "the retry is processed again"
+    );
+    assert_eq!(upstream.count(), 2);
+    assert_eq!(gw.metric(r#"dedup_store_errors_total{op="release"}"#), 0.0);
+}
+
+/// The gateway started on Redis 8.6 (release by `DELEX`); the server behind the URL is
+/// then a Redis 7, which does not know the command. That release is made with the
+/// script instead, and so is every release after it.
+#[tokio::test]
+async fn a_server_without_delex_after_the_start_gets_the_script() {
+    let mut server = RedisServer::start_redis8().await;
+    let upstream = failing_upstream().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let client = gw.client();
+    let (_, cost) = post_counted(&server, &client, "fail-dx1").await;
+    assert_eq!(cost, counts(&[("delex", 1), ("set", 1)]), "DELEX at first");
+
+    server.restart_as("redis-server".into()).await;
+    assert!(server.cli(&["INFO", "server"]).contains("redis_version:7."));
+    wait_ready(&Client::http1(gw.admin.expect("admin")), 200).await;
+    let r = client.post("/hook", &msg("fail-dx2")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (500, "forwarded"), "{r:?}");
+    assert_eq!(
+        server.cli(&["EXISTS", "dedup:bot:fail-dx2"]).trim(),
+        "0",
+        "released by the script after DELEX was refused"
+    );
+
+    let (r, cost) = post_counted(&server, &client, "fail-dx3").await;
+    assert_eq!(r.status.as_u16(), 500);
+    assert_eq!(
+        cost,
+        counts(&[("del", 1), ("evalsha", 1), ("get", 1), ("set", 1)]),
+        "no more DELEX: the claim and the script (its GET and DEL inside)"
+    );
+    assert_eq!(upstream.count(), 3);
+    assert_eq!(gw.metric(r#"dedup_store_errors_total{op="release"}"#), 0.0);
 }
 
 /// A Redis that lost its scripts (a restart, a `SCRIPT FLUSH`) answers the complete's

@@ -44,8 +44,8 @@ pub async fn contract(store: &impl Store, ns: &str) {
     );
     assert_eq!(holder(store.claim(&key("k"), b, 2, TTL).await.expect("claim")), Some(a));
     assert!(
-        !store.release(&key("k"), b).await.expect("release"),
-        "a stranger cannot release"
+        !store.release(&key("k"), b, FIRST).await.expect("release"),
+        "a stranger cannot release, even knowing when the message was first seen"
     );
     assert!(
         !store
@@ -73,7 +73,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
             .expect("complete")
     );
     assert!(
-        !store.release(&key("k"), a).await.expect("release"),
+        !store.release(&key("k"), a, FIRST).await.expect("release"),
         "COMPLETED is not released"
     );
     match store.claim(&key("k"), b, 3, TTL).await.expect("claim") {
@@ -89,7 +89,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
 
     // A stale owner (its claim was released and taken over) can touch nothing.
     assert_eq!(store.claim(&key("s"), a, 1, TTL).await.expect("claim"), Claim::Claimed);
-    assert!(store.release(&key("s"), a).await.expect("release"));
+    assert!(store.release(&key("s"), a, 1).await.expect("release"));
     assert_eq!(store.claim(&key("s"), b, 2, TTL).await.expect("claim"), Claim::Claimed);
     assert!(
         !store
@@ -97,7 +97,7 @@ pub async fn contract(store: &impl Store, ns: &str) {
             .await
             .expect("complete")
     );
-    assert!(!store.release(&key("s"), a).await.expect("release"));
+    assert!(!store.release(&key("s"), a, 1).await.expect("release"));
     assert_eq!(holder(store.claim(&key("s"), a, 3, TTL).await.expect("claim")), Some(b));
     assert!(
         store
@@ -276,9 +276,12 @@ async fn redis_store_keeps_the_contract_on_valkey_with_set_if_eq() {
     contract(&redis_store(server.url()).await, "valkey").await;
 }
 
-/// Redis 8.4 has `SET ... IFEQ` too (found by `redis_version`, where Valkey reports 7.2).
+/// Redis 8.4 has `SET ... IFEQ` too (found by `redis_version`, where Valkey reports 7.2),
+/// and `DELEX ... IFEQ`: the contract holds with each of its four releases a DELEX.
 #[tokio::test]
-async fn redis_store_keeps_the_contract_on_redis_8_with_set_if_eq() {
+async fn redis_store_keeps_the_contract_on_redis_8_with_set_and_delex_if_eq() {
     let server = RedisServer::start_redis8().await;
     contract(&redis_store(server.url()).await, "redis8").await;
+    let calls = server.command_calls();
+    assert_eq!(calls.get("delex"), Some(&4), "releases are DELEX: {calls:?}");
 }

@@ -82,7 +82,15 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         admin::spawn(Arc::clone(&gw), admin);
     }
     let mut h1 = http1::Builder::new();
-    h1.timer(WorkerTimer).header_read_timeout(server.header_timeout);
+    // Half-close allowed: while a request is in flight hyper does not read to look for
+    // the sender's EOF. That read needs room in the read buffer, which the request's
+    // head still shares, so it cost a fresh 8 KiB buffer per request (callgrind: one
+    // malloc less and 2-3% fewer instructions per request). A sender that hangs up is
+    // then noticed when its answer is written; the work itself never depended on it
+    // (see `dedup::Detached`, which h2 stream resets still exercise).
+    h1.timer(WorkerTimer)
+        .header_read_timeout(server.header_timeout)
+        .half_close(true);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new());
     let protocols = Arc::new(Protocols {

@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 
 use crate::process::GatewayProcess;
 use crate::servers::{RedisServer, SwallowingProxy};
-use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, eventually, metric_value, msg};
+use crate::support::{Cfg, Client, Gate, Reply, Resp, TestGateway, Upstream, eventually, metric_value, msg};
 
 fn redis_cfg(url: &str) -> Cfg {
     Cfg::new()
@@ -18,10 +18,44 @@ fn redis_cfg(url: &str) -> Cfg {
         .store("timeout = \"1s\"")
 }
 
+/// How a sender gives up on a request.
+enum HangUp {
+    /// Closes its HTTP/1 connection. The gateway serves HTTP/1 with half-close allowed,
+    /// so hyper keeps the handler and notices only when it writes the answer.
+    Http1Close,
+    /// Resets its h2 stream (RST_STREAM): hyper drops the handler at once, and the
+    /// claim's work carries on in a task of its own (`dedup::Detached`).
+    H2Reset,
+}
+
+/// A sender mid-request: its connection, or the task holding its h2 stream.
+enum Sender {
+    Connection(TcpStream),
+    Stream(tokio::task::JoinHandle<Resp>),
+}
+
+impl Sender {
+    fn hang_up(self) {
+        match self {
+            Sender::Connection(connection) => drop(connection),
+            Sender::Stream(request) => request.abort(), // drops the stream: RST_STREAM
+        }
+    }
+}
+
 /// The claim has landed in Redis but its reply is late; the sender hangs up in that
 /// window. The request's own task must still own the claim: forward, complete.
 #[tokio::test]
 async fn a_sender_hanging_up_while_the_claim_is_on_its_way_leaves_no_orphan() {
+    hanging_up_while_the_claim_is_on_its_way(HangUp::Http1Close, "late-reply").await;
+}
+
+#[tokio::test]
+async fn an_h2_sender_resetting_its_stream_while_the_claim_is_on_its_way_leaves_no_orphan() {
+    hanging_up_while_the_claim_is_on_its_way(HangUp::H2Reset, "late-reply-h2").await;
+}
+
+async fn hanging_up_while_the_claim_is_on_its_way(how: HangUp, id: &str) {
     let server = RedisServer::start().await;
     let proxy = SwallowingProxy::start(server.addr()).await;
     let upstream = Upstream::ok().await;
@@ -30,30 +64,39 @@ async fn a_sender_hanging_up_while_the_claim_is_on_its_way_leaves_no_orphan() {
     // Ready: every worker has its Redis connection (replies held from here on).
     eventually_ready(&Client::http1(gw.admin.expect("admin")), 200).await;
     proxy.hold();
-    let body = msg("late-reply");
-    let mut sender = TcpStream::connect(gw.addr).await.expect("connect");
-    let request = format!(
-        "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    sender.write_all(request.as_bytes()).await.expect("write");
-    let key = "dedup:bot:late-reply";
+    let body = msg(id);
+    let sender = match how {
+        HangUp::Http1Close => {
+            let mut sender = TcpStream::connect(gw.addr).await.expect("connect");
+            let request = format!(
+                "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            sender.write_all(request.as_bytes()).await.expect("write");
+            Sender::Connection(sender)
+        }
+        HangUp::H2Reset => {
+            let (client, body) = (Client::h2c(gw.addr), body.clone());
+            Sender::Stream(tokio::spawn(async move { client.post("/hook", &body).await }))
+        }
+    };
+    let key = format!("dedup:bot:{id}");
     eventually("the claim to land in Redis", || {
-        server.cli(&["GET", key]).contains("processing")
+        server.cli(&["GET", &key]).contains("processing")
     })
     .await;
-    drop(sender); // WeChat gives up after 5 s
+    sender.hang_up(); // WeChat gives up after 5 s
     // Not synchronisation: nothing observable happens when hyper drops the handler of a
-    // closed connection, so the test gives it that chance before the late reply comes.
-    // (Without the fix, the claim then dies with the handler and this test times out
-    // waiting for the delivery below.)
+    // closed connection or a reset stream, so the test gives it that chance before the
+    // late reply comes. (Without `Detached`, the claim then dies with the handler and
+    // the h2 case times out waiting for the delivery below.)
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(upstream.count(), 0);
     proxy.release();
 
     upstream.wait_for(1).await;
     eventually("the marker to complete", || {
-        server.cli(&["GET", key]).contains("completed")
+        server.cli(&["GET", &key]).contains("completed")
     })
     .await;
     let retry = gw.client().post("/hook", &body).await;

@@ -23,47 +23,55 @@ use crate::senders::Verdict;
 use crate::store::unix_ms;
 use crate::timer;
 
-/// Serves one request on the proxy listener.
-pub async fn handle(gw: Arc<Gateway>, peer: Peer, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    let Some(route) = gw.routes.load().find(req.uri().path()).cloned() else {
-        return Ok(not_found());
-    };
-    // Only the debug line uses it.
-    let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-    let _in_flight = route.metrics.in_flight();
-    let method = req.method().clone();
-    let (key, result) = if is_deduped(&method) {
-        keyed(&gw, &route, peer, req).await
-    } else {
-        let (head, body) = req.into_parts();
-        let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
-        (None, bypass.await)
-    };
-    let key = key.as_deref().unwrap_or("-");
-    let (outcome, mut response) = match result {
-        Ok(Answer { outcome, response }) => (outcome, response),
-        Err(error) => {
-            // Store failures were logged where they were handled; log the rest once here.
-            if matches!(error, GatewayError::Upstream { .. } | GatewayError::Internal(_)) {
-                tracing::warn!(route = %route.config.name, key, %error, "request failed");
-            } else if let GatewayError::Rejected(why) = &error {
-                tracing::info!(route = %route.config.name, reason = %why, "signature check failed");
+/// Serves one request on the proxy listener. Not an `async fn`: see *Future sizes* in
+/// [`crate::dedup`].
+#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+pub fn handle(
+    gw: Arc<Gateway>,
+    peer: Peer,
+    req: Request<Incoming>,
+) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send {
+    async move {
+        let Some(route) = gw.routes.load().find(req.uri().path()).cloned() else {
+            return Ok(not_found());
+        };
+        // Only the debug line uses it.
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
+        let _in_flight = route.metrics.in_flight();
+        let method = req.method().clone();
+        let (key, result) = if is_deduped(&method) {
+            keyed(&gw, &route, peer, req).await
+        } else {
+            let (head, body) = req.into_parts();
+            let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
+            (None, bypass.await)
+        };
+        let key = key.as_deref().unwrap_or("-");
+        let (outcome, mut response) = match result {
+            Ok(Answer { outcome, response }) => (outcome, response),
+            Err(error) => {
+                // Store failures were logged where they were handled; log the rest once here.
+                if matches!(error, GatewayError::Upstream { .. } | GatewayError::Internal(_)) {
+                    tracing::warn!(route = %route.config.name, key, %error, "request failed");
+                } else if let GatewayError::Rejected(why) = &error {
+                    tracing::info!(route = %route.config.name, reason = %why, "signature check failed");
+                }
+                (error.outcome(), error.to_response())
             }
-            (error.outcome(), error.to_response())
-        }
-    };
-    route.metrics.request(outcome);
-    response.headers_mut().insert(&STATUS_HEADER, outcome.header());
-    tracing::debug!(
-        route = %route.config.name,
-        key,
-        %method,
-        outcome = outcome.label(),
-        status = response.status().as_u16(),
-        latency_ms = started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3),
-        "request"
-    );
-    Ok(response)
+        };
+        route.metrics.request(outcome);
+        response.headers_mut().insert(&STATUS_HEADER, outcome.header());
+        tracing::debug!(
+            route = %route.config.name,
+            key,
+            %method,
+            outcome = outcome.label(),
+            status = response.status().as_u16(),
+            latency_ms = started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3),
+            "request"
+        );
+        Ok(response)
+    }
 }
 
 /// Only these carry webhook deliveries; everything else (WeChat's GET verification,

@@ -72,7 +72,9 @@ pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<R
     loop {
         let (mut conn, reused) = match checkout(authority) {
             Some(conn) => (conn, true),
-            None => (connect(authority).await?, false),
+            // Boxed: connecting is rare, and its future would otherwise add its size
+            // to every forwarded request's.
+            None => (Box::pin(connect(authority)).await?, false),
         };
         match conn.sender.try_send_request(request).await {
             Ok(response) => {

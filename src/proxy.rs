@@ -5,6 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
@@ -82,19 +83,21 @@ impl Upstream {
 
     /// Sends a request (origin-form URI, Host set) to `authority` and waits for the
     /// response head until `timeout` after `started` (the caller's clock reading, which
-    /// it also times the call by: one reading, not one for each).
-    pub async fn send(
+    /// it also times the call by: one reading, not one for each). Not an `async fn`:
+    /// see *Future sizes* in [`crate::dedup`].
+    pub fn send(
         &self,
         authority: &Authority,
         request: Request<Body>,
         started: Instant,
         timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        match timer::within((started + timeout).into_std(), pool::send(authority, request)).await {
+    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send {
+        let deadline = (started + timeout).into_std();
+        timer::within(deadline, pool::send(authority, request)).map(move |sent| match sent {
             Some(Ok(response)) => Ok(response),
             Some(Err(e)) => Err(UpstreamError::Connect(e)),
             None => Err(UpstreamError::Timeout(timeout)),
-        }
+        })
     }
 }
 

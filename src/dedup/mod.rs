@@ -2,6 +2,19 @@
 //! that finds the key already claimed gets. See `STATE_MACHINE.md` beside this file.
 //!
 //! Every path ends in one of: forwarded once, answered as duplicate, or told to retry.
+//!
+//! ## Future sizes
+//!
+//! A request's futures are written and copied each time one is awaited or boxed, so
+//! the request path keeps them small (`-Zprint-type-sizes` on nightly shows them):
+//! - an `async fn` holds its arguments twice (as arguments, and as the locals they are
+//!   moved into), so the functions that take the request by value return an
+//!   `async move` block, which holds them once;
+//! - a layer that only maps its inner future's output is `FutureExt::map`, not an
+//!   `async fn`, which would hold its arguments beside the inner future holding them
+//!   again;
+//! - rare branches with large futures (connecting, reading a body for `replay`) are
+//!   boxed.
 
 pub mod key;
 mod owner;
@@ -14,6 +27,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::Response;
 use http::header;
 use tokio::time::Instant;
@@ -132,69 +146,77 @@ pub(crate) struct Task {
 
 impl Task {
     /// Runs from the first claim on, or from its reply if `process` already has it.
-    async fn run(self, req: Request, mut first: Option<Result<Claim, ClaimFailed>>) -> Result<Answer, GatewayError> {
-        let (gw, route) = (&self.gw, &self.route);
-        let policy = &route.config.policy;
-        // Set when PROCESSING is first seen: the hold starts there (and an owner, the
-        // usual case, never reads the clock for it).
-        let mut deadline = None;
-        let mut waits = 0u32;
-        loop {
-            let claimed = match first.take() {
-                Some(claimed) => claimed,
-                None => claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await,
-            };
-            let marker = match claimed {
-                Ok(Claim::Claimed) => return owner::forward(&self, req).await,
-                Ok(Claim::Found(marker)) => marker,
-                Err(ClaimFailed { error, may_have_landed }) => {
-                    if may_have_landed {
-                        release_orphan(
-                            gw,
-                            Arc::clone(&self.key),
-                            self.token,
-                            self.first_seen_ms,
-                            policy.processing_ttl,
-                        );
-                    }
-                    if waits > 0 {
-                        // It has seen the key PROCESSING: forwarding it now, whatever
-                        // `on_error` says, could be a second concurrent delivery.
-                        tracing::warn!(route = %route.config.name, key = %self.key, %error,
-                            "store failed while waiting on PROCESSING: answering 409");
-                        return Err(GatewayError::InFlight);
-                    }
-                    return store_failed(gw, route, &self.key, error, req).await;
-                }
-            };
-            if waits == 0 {
-                count_age(route, &marker);
-            }
-            if policy.mode == Mode::Shadow {
-                let outcome = match marker {
-                    Marker::Completed { .. } => Outcome::ShadowDuplicate,
-                    Marker::Processing { .. } => Outcome::ShadowInFlight,
+    /// Not an `async fn`: see *Future sizes* in the module doc.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    fn run(
+        self,
+        req: Request,
+        mut first: Option<Result<Claim, ClaimFailed>>,
+    ) -> impl Future<Output = Result<Answer, GatewayError>> + Send + 'static {
+        async move {
+            let (gw, route) = (&self.gw, &self.route);
+            let policy = &route.config.policy;
+            // Set when PROCESSING is first seen: the hold starts there (and an owner, the
+            // usual case, never reads the clock for it).
+            let mut deadline = None;
+            let mut waits = 0u32;
+            loop {
+                let claimed = match first.take() {
+                    Some(claimed) => claimed,
+                    None => claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await,
                 };
-                return forward_unowned(gw, route, req.head, Body::full(req.body), req.peer, outcome).await;
-            }
-            let holder = match marker {
-                Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
-                Marker::Processing { token, .. } => token,
-            };
-            match policy.on_in_flight {
-                InFlight::Conflict => return Err(GatewayError::InFlight),
-                InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
-                InFlight::Wait => {
-                    let now = Instant::now();
-                    let deadline = *deadline.get_or_insert(now + policy.in_flight_wait);
-                    if now >= deadline {
-                        return Err(GatewayError::InFlight);
+                let marker = match claimed {
+                    Ok(Claim::Claimed) => return owner::forward(&self, req).await,
+                    Ok(Claim::Found(marker)) => marker,
+                    Err(ClaimFailed { error, may_have_landed }) => {
+                        if may_have_landed {
+                            release_orphan(
+                                gw,
+                                Arc::clone(&self.key),
+                                self.token,
+                                self.first_seen_ms,
+                                policy.processing_ttl,
+                            );
+                        }
+                        if waits > 0 {
+                            // It has seen the key PROCESSING: forwarding it now, whatever
+                            // `on_error` says, could be a second concurrent delivery.
+                            tracing::warn!(route = %route.config.name, key = %self.key, %error,
+                                "store failed while waiting on PROCESSING: answering 409");
+                            return Err(GatewayError::InFlight);
+                        }
+                        return store_failed(gw, route, &self.key, error, req).await;
                     }
-                    tokio::select! {
-                        () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
-                        () = gw.abandoned() => return Err(GatewayError::Abandoned),
+                };
+                if waits == 0 {
+                    count_age(route, &marker);
+                }
+                if policy.mode == Mode::Shadow {
+                    let outcome = match marker {
+                        Marker::Completed { .. } => Outcome::ShadowDuplicate,
+                        Marker::Processing { .. } => Outcome::ShadowInFlight,
+                    };
+                    return forward_unowned(gw, route, req.head, Body::full(req.body), req.peer, outcome).await;
+                }
+                let holder = match marker {
+                    Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
+                    Marker::Processing { token, .. } => token,
+                };
+                match policy.on_in_flight {
+                    InFlight::Conflict => return Err(GatewayError::InFlight),
+                    InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
+                    InFlight::Wait => {
+                        let now = Instant::now();
+                        let deadline = *deadline.get_or_insert(now + policy.in_flight_wait);
+                        if now >= deadline {
+                            return Err(GatewayError::InFlight);
+                        }
+                        tokio::select! {
+                            () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
+                            () = gw.abandoned() => return Err(GatewayError::Abandoned),
+                        }
+                        waits += 1;
                     }
-                    waits += 1;
                 }
             }
         }
@@ -336,40 +358,45 @@ async fn store_failed(
 
 /// Forwards a request nobody claimed (no key, shadow mode, store down, or a method
 /// that is not deduped). Nothing to complete or release, so it runs in the caller's task.
-pub async fn forward_unowned(
-    gw: &Gateway,
-    route: &Route,
+/// Not an `async fn`: see *Future sizes* in the module doc.
+pub fn forward_unowned<'a>(
+    gw: &'a Gateway,
+    route: &'a Route,
     head: http::request::Parts,
     body: Body,
     peer: Peer,
     outcome: Outcome,
-) -> Result<Answer, GatewayError> {
-    match send(gw, route, head, body, peer, Instant::now()).await {
+) -> impl Future<Output = Result<Answer, GatewayError>> + Send + 'a {
+    send(gw, route, head, body, peer, Instant::now()).map(move |sent| match sent {
         Ok(response) => Ok(answer(outcome, proxy::downstream_response(response))),
         Err(error) => Err(GatewayError::Upstream { error, outcome }),
-    }
+    })
 }
 
 /// Rewrites a request for the route's upstream and sends it, counting the result
 /// class and latency. `upstream_timeout` and the latency run from `started`.
-pub async fn send(
-    gw: &Gateway,
-    route: &Route,
+/// Not an `async fn`: see *Future sizes* in the module doc.
+pub fn send<'a>(
+    gw: &'a Gateway,
+    route: &'a Route,
     head: http::request::Parts,
     body: Body,
     peer: Peer,
     started: Instant,
-) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
+) -> impl Future<Output = Result<Response<hyper::body::Incoming>, UpstreamError>> + Send + 'a {
     let request = proxy::upstream_request(head, body, &route.config.upstream, peer);
     let (authority, timeout) = (&route.config.upstream.authority, route.config.policy.upstream_timeout);
-    let result = gw.upstream.send(authority, request, started, timeout).await;
-    let class = match &result {
-        Ok(response) => UpstreamClass::of_status(response.status()),
-        Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,
-        Err(_) => UpstreamClass::Error,
-    };
-    route.metrics.upstream(class, started.elapsed());
-    result
+    gw.upstream
+        .send(authority, request, started, timeout)
+        .map(move |result| {
+            let class = match &result {
+                Ok(response) => UpstreamClass::of_status(response.status()),
+                Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,
+                Err(_) => UpstreamClass::Error,
+            };
+            route.metrics.upstream(class, started.elapsed());
+            result
+        })
 }
 
 fn answer(outcome: Outcome, response: Response<Body>) -> Answer {

@@ -18,30 +18,34 @@ use crate::timer;
 
 /// Forwards a claimed request and completes or releases its marker. Runs inside the
 /// request's [`Task`], so nothing here is cancelled when the sender hangs up.
-pub(super) async fn forward(task: &Task, req: Request) -> Result<Answer, GatewayError> {
-    let owner = Owner(task);
-    let started = Instant::now();
-    let deadline = started + owner.route.config.policy.upstream_timeout;
-    let result = tokio::select! {
-        // Looked at first: a waiter promoted after the grace ended must not start a
-        // delivery it would abandon at once.
-        biased;
-        () = owner.gw.abandoned() => return owner.abandon().await,
-        result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer, started) => result,
-    };
-    match result {
-        Ok(response) if response.status().is_success() => owner.succeeded(response, deadline).await,
-        Ok(response) => {
-            owner.release().await;
-            Ok(answer(Outcome::Forwarded, proxy::downstream_response(response)))
-        }
-        Err(error) => {
-            let keep = matches!(error, UpstreamError::Timeout(_))
-                && owner.route.config.policy.on_upstream_timeout == OnUpstreamTimeout::Keep;
-            if !keep {
+/// Not an `async fn`: see *Future sizes* in [`super`].
+#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+pub(super) fn forward(task: &Task, req: Request) -> impl Future<Output = Result<Answer, GatewayError>> + Send {
+    async move {
+        let owner = Owner(task);
+        let started = Instant::now();
+        let deadline = started + owner.route.config.policy.upstream_timeout;
+        let result = tokio::select! {
+            // Looked at first: a waiter promoted after the grace ended must not start a
+            // delivery it would abandon at once.
+            biased;
+            () = owner.gw.abandoned() => return owner.abandon().await,
+            result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer, started) => result,
+        };
+        match result {
+            Ok(response) if response.status().is_success() => owner.succeeded(response, deadline).await,
+            Ok(response) => {
                 owner.release().await;
+                Ok(answer(Outcome::Forwarded, proxy::downstream_response(response)))
             }
-            Err(forwarded(error))
+            Err(error) => {
+                let keep = matches!(error, UpstreamError::Timeout(_))
+                    && owner.route.config.policy.on_upstream_timeout == OnUpstreamTimeout::Keep;
+                if !keep {
+                    owner.release().await;
+                }
+                Err(forwarded(error))
+            }
         }
     }
 }
@@ -69,26 +73,34 @@ impl Owner<'_> {
     /// PROCESSING marker expires after `processing_ttl`.
     async fn succeeded(&self, response: Response<Incoming>, deadline: Instant) -> Result<Answer, GatewayError> {
         let response = proxy::downstream_response(response);
-        let (response, stored) = if self.route.config.policy.replay {
-            let captured = tokio::select! {
-                biased;
-                // Shutting down mid-body: the work is done, so complete rather than leave
-                // PROCESSING for a later retry to deliver again.
-                () = self.gw.abandoned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
-                captured = timer::within(deadline.into_std(), capture(response)) => captured,
-            };
-            match captured {
-                Some(Ok(captured)) => captured,
-                Some(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
-                None => {
-                    let timeout = self.route.config.policy.upstream_timeout;
-                    return self
-                        .complete_then(Err(forwarded(UpstreamError::Timeout(timeout))))
-                        .await;
-                }
+        if self.route.config.policy.replay {
+            // Boxed: reading the body to store it makes a future three times the size
+            // of the rest of this one, and only `replay` routes need it.
+            return Box::pin(self.replayed(response, deadline)).await;
+        }
+        self.complete(None).await;
+        Ok(answer(Outcome::Forwarded, response))
+    }
+
+    /// [`Self::succeeded`] on a `replay` route: reads the body, within the upstream
+    /// deadline, to store it with the marker.
+    async fn replayed(&self, response: Response<Body>, deadline: Instant) -> Result<Answer, GatewayError> {
+        let captured = tokio::select! {
+            biased;
+            // Shutting down mid-body: the work is done, so complete rather than leave
+            // PROCESSING for a later retry to deliver again.
+            () = self.gw.abandoned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
+            captured = timer::within(deadline.into_std(), capture(response)) => captured,
+        };
+        let (response, stored) = match captured {
+            Some(Ok(captured)) => captured,
+            Some(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
+            None => {
+                let timeout = self.route.config.policy.upstream_timeout;
+                return self
+                    .complete_then(Err(forwarded(UpstreamError::Timeout(timeout))))
+                    .await;
             }
-        } else {
-            (response, None)
         };
         self.complete(stored).await;
         Ok(answer(Outcome::Forwarded, response))

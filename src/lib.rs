@@ -50,3 +50,15 @@ pub mod waiters;
 pub use config::Config;
 pub use gateway::Gateway;
 pub use server::{Listeners, run};
+
+/// A seeded xorshift generator, for the unit tests that feed it random inputs:
+/// reproducible, and no dependency.
+#[cfg(test)]
+pub(crate) fn test_rng(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}

@@ -1167,13 +1167,7 @@ mod tests {
     /// changes of them.
     #[test]
     fn written_values_are_read_fast_exactly_as_serde_reads_them() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::test_rng(0x9e37_79b9_7f4a_7c15);
         for round in 0..200 {
             let token = Token::from_u128(u128::from(next()) << 64 | u128::from(next()));
             let first_seen_ms = if round % 3 == 0 {

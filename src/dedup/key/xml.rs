@@ -365,13 +365,7 @@ mod tests {
     /// outcome is one of the defined ones.
     #[test]
     fn ten_thousand_random_bodies_never_panic() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::test_rng(0x9e37_79b9_7f4a_7c15);
         const PIECES: [&str; 24] = [
             "<xml>",
             "</xml>",
@@ -408,7 +402,7 @@ mod tests {
             let n = (next() % 16) as usize;
             for _ in 0..n {
                 let r = next();
-                if r % 5 == 0 {
+                if r.is_multiple_of(5) {
                     body.push((r >> 8) as u8); // an arbitrary byte, often not UTF-8
                 } else {
                     body.extend_from_slice(PIECES[(r >> 8) as usize % PIECES.len()].as_bytes());

@@ -669,7 +669,7 @@ const COMPLETED_PREFIX: &[u8] = b"{\"state\":\"completed\"";
 const COMPLETED_FIELD: &[u8] = b",\"completed_ms\":";
 
 /// The longest PROCESSING value, for sizing a command's buffer.
-const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + ",\"first_seen_ms\":18446744073709551615}".len();
+const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + FIRST_SEEN_FIELD.len() + "18446744073709551615}".len();
 
 const TOKEN_PREFIX_LEN: usize = PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + Token::HEX_LEN + 1;
 

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod memory;
 pub mod redis;
+mod resp;
 
 use std::fmt;
 use std::future::Future;

@@ -9,10 +9,11 @@
 //! `{"state":"processing","token":"<32 hex>","first_seen_ms":<unix ms>}` and
 //! `{"state":"completed","first_seen_ms":..,"completed_ms":..,"response":{..}}`.
 //!
-//! Connections are redis-rs multiplexed connections: each carries every concurrent call
-//! at once (they are pipelined onto the socket and their replies matched in order), so
-//! a burst of claims costs one write and one read on each side instead of one per call.
-//! `pool_size` of them are used in turn. A connection is dropped (and the next call
+//! Connections are multiplexed: each carries every concurrent call at once (they are
+//! pipelined onto the socket and their replies matched in order), so a burst of claims
+//! costs one write and one read on each side instead of one per call. `pool_size` of
+//! them are used in turn. On a `redis://` URL they are the store's own lean connections
+//! ([`super::resp`]); on `rediss://` and in a cluster, redis-rs's. A connection is dropped (and the next call
 //! connects afresh, to wherever the URL resolves now) when a call on it timed out or
 //! broke at the transport, or when Redis answered that it cannot take writes (a demoted
 //! primary after a failover): see [`Failure`].
@@ -33,6 +34,7 @@ use deadpool_redis::redis::{
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
+use super::resp;
 use super::{Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, Store, StoreError, StoredResponse, Token};
 use crate::config::RedisTarget;
 use crate::timer;
@@ -59,7 +61,6 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub struct RedisStore {
     /// Identifies this store's connections in each thread's [`LOCAL`] list.
     id: u64,
-    kind: Kind,
     pool_size: usize,
     /// Readiness has a connection of its own: it must answer for the store, not queue
     /// behind (or be dropped with) a traffic connection.
@@ -166,12 +167,6 @@ impl Failure {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Standalone,
-    Cluster,
-}
-
 thread_local! {
     /// This thread's traffic connections, per store (a process has one; tests have
     /// many). Each worker thread has its own: a multiplexed connection is driven by a
@@ -186,6 +181,7 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(0);
 /// The connections of one kind, used in turn.
 enum Connections {
     Standalone(Lanes<redis::aio::MultiplexedConnection>),
+    Lean(Lanes<resp::Connection>),
     Cluster(Lanes<redis::cluster_async::ClusterConnection>),
 }
 
@@ -195,6 +191,7 @@ enum Connector {
         client: redis::Client,
         config: AsyncConnectionConfig,
     },
+    Lean(resp::Target),
     Cluster(redis::cluster::ClusterClient),
 }
 
@@ -313,14 +310,6 @@ fn evalsha(script: &Script, key: &str, args: usize, data: usize) -> Cmd {
 }
 
 impl Connections {
-    fn new(kind: Kind, size: usize) -> Self {
-        match kind {
-            Kind::Standalone => Connections::Standalone(Lanes::new(size)),
-            // The cluster connection multiplexes over every node by itself: one suffices.
-            Kind::Cluster => Connections::Cluster(Lanes::new(1)),
-        }
-    }
-
     /// Sends `call` on one connection, noting in `sent` where it went once it did (so a
     /// timeout can tell "no connection" from "no reply", and drop that connection).
     async fn send<T: FromRedisValue>(
@@ -356,6 +345,7 @@ impl Connections {
             (Connections::Standalone(lanes), Connector::Standalone { client, config }) => {
                 on_lanes!(lanes, || client.get_multiplexed_async_connection_with_config(config))
             }
+            (Connections::Lean(lanes), Connector::Lean(target)) => on_lanes!(lanes, || target.connect()),
             (Connections::Cluster(lanes), Connector::Cluster(client)) => {
                 on_lanes!(lanes, || client.get_async_connection())
             }
@@ -366,6 +356,7 @@ impl Connections {
     fn drop_conn(&self, sent: Sent) {
         match self {
             Connections::Standalone(lanes) => lanes.drop_conn(sent),
+            Connections::Lean(lanes) => lanes.drop_conn(sent),
             Connections::Cluster(lanes) => lanes.drop_conn(sent),
         }
     }
@@ -373,6 +364,7 @@ impl Connections {
     fn len(&self) -> usize {
         match self {
             Connections::Standalone(lanes) => lanes.lanes.len(),
+            Connections::Lean(lanes) => lanes.lanes.len(),
             Connections::Cluster(lanes) => lanes.lanes.len(),
         }
     }
@@ -381,12 +373,18 @@ impl Connections {
 impl Connector {
     fn new(target: &RedisTarget, timeout: Duration) -> Result<Self, StoreError> {
         Ok(match target {
-            RedisTarget::Standalone(url) => Connector::Standalone {
-                client: redis::Client::open(url.as_str()).map_err(|e| unavailable("invalid url", &e))?,
-                config: AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(None), // our own deadline bounds every call
-            },
+            RedisTarget::Standalone(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(|e| unavailable("invalid url", &e))?;
+                match resp::Target::of(client.get_connection_info()) {
+                    Some(target) => Connector::Lean(target),
+                    None => Connector::Standalone {
+                        client,
+                        config: AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(timeout))
+                            .set_response_timeout(None), // our own deadline bounds every call
+                    },
+                }
+            }
             RedisTarget::Cluster(seeds) => Connector::Cluster(
                 redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
                     .connection_timeout(timeout)
@@ -396,6 +394,16 @@ impl Connector {
                     .map_err(|e| unavailable("invalid cluster seeds", &e))?,
             ),
         })
+    }
+
+    /// `size` lanes of the connections this opens.
+    fn connections(&self, size: usize) -> Connections {
+        match self {
+            Connector::Standalone { .. } => Connections::Standalone(Lanes::new(size)),
+            Connector::Lean(_) => Connections::Lean(Lanes::new(size)),
+            // The cluster connection multiplexes over every node by itself: one suffices.
+            Connector::Cluster(_) => Connections::Cluster(Lanes::new(1)),
+        }
     }
 }
 
@@ -410,15 +418,10 @@ impl RedisStore {
         key_prefix: &str,
     ) -> Result<Self, StoreError> {
         let connector = Connector::new(target, timeout)?;
-        let kind = match target {
-            RedisTarget::Standalone(_) => Kind::Standalone,
-            RedisTarget::Cluster(_) => Kind::Cluster,
-        };
         let store = RedisStore {
             id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
-            kind,
             pool_size,
-            health: Connections::new(kind, 1),
+            health: connector.connections(1),
             health_key: format!("{key_prefix}__readyz"),
             timeout,
             connector,
@@ -445,7 +448,7 @@ impl RedisStore {
             if let Some((_, conns)) = all.iter().find(|(id, _)| *id == self.id) {
                 return Arc::clone(conns);
             }
-            let conns = Arc::new(Connections::new(self.kind, self.pool_size));
+            let conns = Arc::new(self.connector.connections(self.pool_size));
             all.push((self.id, Arc::clone(&conns)));
             conns
         })

@@ -54,6 +54,34 @@ async fn values_are_readable_with_redis_cli() {
     assert_eq!(value["first_seen_ms"], 1_700_000_000_000u64);
 }
 
+/// The store's own connections (`redis://`) log in as the URL's user and use its database,
+/// as redis-rs's do.
+#[tokio::test]
+async fn a_url_with_a_user_and_a_database_reaches_that_database_as_that_user() {
+    let server = RedisServer::start().await;
+    server.cli(&["ACL", "SETUSER", "bot", "on", ">s3cret", "~*", "+@all"]);
+    server.cli(&["ACL", "SETUSER", "default", "off"]);
+    let url = format!("redis://bot:s3cret@127.0.0.1:{}/3", server.port);
+    let store = redis_store(url).await;
+    let token = Token::generate();
+    let claim = store
+        .claim("db:k", token, 1, Duration::from_secs(30))
+        .await
+        .expect("claim");
+    assert_eq!(claim, Claim::Claimed);
+    let as_bot = ["--user", "bot", "--pass", "s3cret", "--no-auth-warning"];
+    let in_db = |db: &str| server.cli(&[&as_bot[..], &["-n", db, "GET", "db:k"]].concat());
+    assert!(in_db("3").contains("processing"), "{}", in_db("3"));
+    assert_eq!(in_db("0").trim(), "");
+    let clients = server.cli(&[&as_bot[..], &["CLIENT", "LIST"]].concat());
+    assert!(
+        clients
+            .lines()
+            .any(|c| c.contains(" user=bot ") && c.contains(" db=3 ")),
+        "{clients}"
+    );
+}
+
 fn pttl(server: &RedisServer, key: &str) -> i64 {
     server.cli(&["PTTL", key]).trim().parse().expect("PTTL")
 }

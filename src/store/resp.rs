@@ -1,0 +1,512 @@
+//! A lean multiplexed connection to a standalone Redis over plain TCP (`redis://`), for
+//! the store's traffic. It does what redis-rs's `MultiplexedConnection` does (every
+//! concurrent call pipelined onto one socket, replies matched in order) with less work
+//! per call: a caller appends its command to the connection's buffer and queues its reply
+//! slot under one lock, where redis-rs sends it through a channel to its driver; the
+//! driver reads replies with a RESP2 reader for the five reply types, where redis-rs runs
+//! a combinator parser. `rediss://` and RESP3 URLs stay on redis-rs.
+//!
+//! Failures look exactly as they do from redis-rs, so the store classifies them in one
+//! place (`Failure` in [`super::redis`]):
+//! - an error reply goes through redis-rs's own parser, and so becomes the same
+//!   `ServerError`, with the same kind and code;
+//! - a broken transport, or a reply that cannot be read (the stream is out of step from
+//!   then on), fails every call waiting on the connection with an I/O error: each may
+//!   have taken effect. The connection stays broken, and later calls on it fail at once
+//!   with the same error, until the store drops it.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::{Buf, BytesMut};
+use deadpool_redis::redis::{
+    self, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, RedisResult, Value,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, oneshot};
+
+/// Where and how to connect: what a `redis://` URL says.
+pub(super) struct Target {
+    host: String,
+    port: u16,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+impl Target {
+    /// The target of a plain-TCP, RESP2 URL; `None` for what stays on redis-rs.
+    pub(super) fn of(info: &ConnectionInfo) -> Option<Target> {
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let settings = info.redis_settings();
+        if settings.protocol() != ProtocolVersion::RESP2 {
+            return None;
+        }
+        Some(Target {
+            host: host.clone(),
+            port: *port,
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+            db: settings.db(),
+        })
+    }
+
+    /// Opens a connection: TCP (no Nagle: commands are batched here already), then
+    /// `AUTH` and `SELECT` as the URL asks. The caller's deadline bounds it all.
+    pub(super) async fn connect(&self) -> RedisResult<Connection> {
+        let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        stream.set_nodelay(true)?;
+        let conn = Connection::start(stream, self.db);
+        let mut hello = redis::pipe();
+        if let Some(password) = &self.password {
+            let auth = hello.cmd("AUTH");
+            if let Some(username) = &self.username {
+                auth.arg(username);
+            }
+            auth.arg(password);
+        }
+        if self.db != 0 {
+            hello.cmd("SELECT").arg(self.db);
+        }
+        if !hello.is_empty() {
+            for reply in conn.request_many(&hello).await? {
+                reply.extract_error()?;
+            }
+        }
+        Ok(conn)
+    }
+}
+
+/// A handle on one connection; clones share it. The connection closes when the last
+/// handle is dropped.
+#[derive(Clone)]
+pub(super) struct Connection {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    db: i64,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// What callers and the driver share.
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the driver: there is something to write, or the handles are gone.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Commands not written yet.
+    out: Vec<u8>,
+    /// The driver was woken for `out` and has not taken it yet: later calls need not
+    /// wake it again.
+    flush_due: bool,
+    /// One per call sent and unanswered, in the order of their commands.
+    waiting: VecDeque<Waiter>,
+    /// Why the connection stopped; every later call fails with it.
+    broken: Option<(io::ErrorKind, String)>,
+    /// Every handle is gone: the driver stops.
+    closed: bool,
+}
+
+/// A call waiting for its replies.
+enum Waiter {
+    One(oneshot::Sender<RedisResult<Value>>),
+    /// A pipeline: `skip` replies to pass over (an atomic pipeline's `QUEUED`s), then
+    /// `left` to collect.
+    Many {
+        skip: usize,
+        left: usize,
+        got: Vec<Value>,
+        reply: oneshot::Sender<RedisResult<Vec<Value>>>,
+    },
+}
+
+impl Waiter {
+    fn fail(self, error: RedisError) {
+        // A receiver that is gone gave up on its call (a timeout): nothing to tell.
+        match self {
+            Waiter::One(reply) => drop(reply.send(Err(error))),
+            Waiter::Many { reply, .. } => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent under a panic elsewhere: every change is one step.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a command (`write` appends it to the buffer) and its waiter, in one step
+    /// so that the order of the waiters is the order of the commands.
+    fn send(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) {
+        let mut state = self.lock();
+        if let Some((kind, why)) = &state.broken {
+            let error = broken(*kind, why);
+            drop(state);
+            return waiter.fail(error);
+        }
+        write(&mut state.out);
+        state.waiting.push_back(waiter);
+        if !std::mem::replace(&mut state.flush_due, true) {
+            drop(state);
+            self.wake.notify_one();
+        }
+    }
+}
+
+fn broken(kind: io::ErrorKind, why: &str) -> RedisError {
+    RedisError::from(io::Error::new(kind, why.to_owned()))
+}
+
+fn gone() -> RedisError {
+    broken(io::ErrorKind::BrokenPipe, "the redis connection stopped")
+}
+
+impl Connection {
+    fn start(stream: TcpStream, db: i64) -> Connection {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+        });
+        tokio::spawn(drive(Arc::clone(&shared), stream));
+        Connection {
+            handle: Arc::new(Handle { shared, db }),
+        }
+    }
+
+    async fn request_many(&self, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
+        self.request_pipeline(pipeline, 0, pipeline.len()).await
+    }
+
+    fn request_pipeline(
+        &self,
+        pipeline: &Pipeline,
+        skip: usize,
+        count: usize,
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
+        let (reply, rx) = oneshot::channel();
+        let waiter = Waiter::Many {
+            skip,
+            left: count,
+            got: Vec::with_capacity(count),
+            reply,
+        };
+        let packed = pipeline.get_packed_pipeline();
+        self.handle.shared.send(|out| out.extend_from_slice(&packed), waiter);
+        async move { rx.await.unwrap_or_else(|_| Err(gone())) }
+    }
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let (reply, rx) = oneshot::channel();
+        self.handle
+            .shared
+            .send(|out| cmd.write_packed_command(out), Waiter::One(reply));
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(gone())) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.request_pipeline(pipeline, offset, count))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.handle.db
+    }
+}
+
+/// The connection's task: writes what callers queued, reads replies and hands each to
+/// the oldest waiter. When it stops (the transport broke, or every handle is gone), it
+/// fails whatever still waits.
+async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
+    let why = run(&shared, &mut stream).await;
+    let mut state = shared.lock();
+    let (kind, why) = state
+        .broken
+        .insert((why.kind(), format!("redis connection lost: {why}")));
+    let (kind, why) = (*kind, why.clone());
+    let waiting = std::mem::take(&mut state.waiting);
+    drop(state);
+    for waiter in waiting {
+        waiter.fail(broken(kind, &why));
+    }
+}
+
+/// Runs the connection until it breaks (or closes: then the error says so, and nobody
+/// reads it).
+async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
+    let (mut rd, mut wr) = stream.split();
+    let mut input = BytesMut::with_capacity(16 * 1024);
+    let mut output = Vec::new();
+    loop {
+        {
+            let mut state = shared.lock();
+            if state.closed {
+                return io::Error::new(io::ErrorKind::BrokenPipe, "closed");
+            }
+            std::mem::swap(&mut state.out, &mut output);
+            state.flush_due = false;
+        }
+        if !output.is_empty() {
+            if let Err(e) = wr.write_all(&output).await {
+                return e;
+            }
+            output.clear();
+        }
+        if input.capacity() - input.len() < 4096 {
+            input.reserve(16 * 1024);
+        }
+        tokio::select! {
+            () = shared.wake.notified() => {}
+            read = rd.read_buf(&mut input) => match read {
+                Ok(0) => return io::Error::new(io::ErrorKind::UnexpectedEof, "redis closed the connection"),
+                Ok(_) => {
+                    if let Err(e) = deliver(shared, &mut input) {
+                        return e;
+                    }
+                }
+                Err(e) => return e,
+            },
+        }
+    }
+}
+
+/// Hands every whole reply at the front of `input` to its waiter.
+fn deliver(shared: &Shared, input: &mut BytesMut) -> Result<(), io::Error> {
+    let mut state = shared.lock();
+    while let Some((value, used)) = parse(input)? {
+        input.advance(used);
+        match state.waiting.front_mut() {
+            None => return Err(out_of_step("a reply nobody asked for")),
+            Some(Waiter::Many { skip, left, got, .. }) => {
+                if *skip > 0 {
+                    *skip -= 1;
+                } else {
+                    got.push(value);
+                    *left = left.saturating_sub(1);
+                }
+                if *skip > 0 || *left > 0 {
+                    continue;
+                }
+                if let Some(Waiter::Many { got, reply, .. }) = state.waiting.pop_front() {
+                    let _ = reply.send(Ok(got));
+                }
+            }
+            Some(Waiter::One(_)) => {
+                if let Some(Waiter::One(reply)) = state.waiting.pop_front() {
+                    let _ = reply.send(Ok(value));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn out_of_step(why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unreadable reply from redis: {why}"),
+    )
+}
+
+/// Nesting deeper than this is not a reply the store asks for.
+const MAX_DEPTH: u8 = 8;
+
+/// Reads one RESP2 reply from the front of `buf`: the value and the bytes it took, or
+/// `None` while part of it has yet to arrive.
+fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, io::Error> {
+    value_at(buf, 0, 0)
+}
+
+fn value_at(buf: &[u8], at: usize, depth: u8) -> Result<Option<(Value, usize)>, io::Error> {
+    let Some(end) = line_end(buf, at)? else {
+        return Ok(None);
+    };
+    let line = &buf[at + 1..end];
+    let next = end + 2;
+    let value = match buf[at] {
+        b'+' if line == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(
+            String::from_utf8(line.to_vec()).map_err(|_| out_of_step("a status that is not UTF-8"))?,
+        ),
+        b'-' => redis::parse_redis_value(&buf[at..next]).map_err(|_| out_of_step("an error reply"))?,
+        b':' => Value::Int(integer(line)?),
+        b'$' => match integer(line)? {
+            -1 => Value::Nil,
+            len => {
+                let len = usize::try_from(len).map_err(|_| out_of_step("a negative length"))?;
+                let stop = next + len;
+                if buf.len() < stop + 2 {
+                    return Ok(None);
+                }
+                if &buf[stop..stop + 2] != b"\r\n" {
+                    return Err(out_of_step("a bulk string longer than its length"));
+                }
+                return Ok(Some((Value::BulkString(buf[next..stop].to_vec()), stop + 2)));
+            }
+        },
+        b'*' => match integer(line)? {
+            -1 => Value::Nil,
+            count => {
+                if depth >= MAX_DEPTH {
+                    return Err(out_of_step("arrays nested too deep"));
+                }
+                let count = usize::try_from(count).map_err(|_| out_of_step("a negative length"))?;
+                // Bounded by what has arrived, not by what the length claims.
+                let mut items = Vec::with_capacity(count.min(buf.len() - next));
+                let mut pos = next;
+                for _ in 0..count {
+                    let Some((item, after)) = value_at(buf, pos, depth + 1)? else {
+                        return Ok(None);
+                    };
+                    items.push(item);
+                    pos = after;
+                }
+                return Ok(Some((Value::Array(items), pos)));
+            }
+        },
+        _ => return Err(out_of_step("a reply type RESP2 does not have")),
+    };
+    Ok(Some((value, next)))
+}
+
+/// Where the line starting at `at` ends (its `\r`), once all of it has arrived.
+fn line_end(buf: &[u8], at: usize) -> Result<Option<usize>, io::Error> {
+    let from = at + 1;
+    let Some(nl) = buf.get(from..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) else {
+        return Ok(None);
+    };
+    let nl = from + nl;
+    if nl == from || buf[nl - 1] != b'\r' {
+        return Err(out_of_step("a line that does not end in CRLF"));
+    }
+    Ok(Some(nl - 1))
+}
+
+fn integer(digits: &[u8]) -> Result<i64, io::Error> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| out_of_step("a number that is not one"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply as Redis writes it, for `value`.
+    fn encode(value: &Value, out: &mut Vec<u8>) {
+        match value {
+            Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+            Value::SimpleString(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
+            Value::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+            Value::BulkString(b) => {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Value::Array(items) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                for item in items {
+                    encode(item, out);
+                }
+            }
+            other => unreachable!("not a RESP2 reply: {other:?}"),
+        }
+    }
+
+    fn random_value(next: &mut impl FnMut() -> u64, depth: u8) -> Value {
+        match next() % if depth < 3 { 7 } else { 6 } {
+            0 => Value::Nil,
+            1 => Value::Okay,
+            2 => Value::SimpleString(["QUEUED", "PONG", ""][(next() % 3) as usize].to_owned()),
+            3 => Value::Int(next() as i64 >> (next() % 64)),
+            4 | 5 => {
+                let len = (next() % 40) as usize;
+                // Bytes of every kind, CR and LF among them: bulk strings are binary.
+                Value::BulkString((0..len).map(|_| b"a\r\n{\"0\xff"[(next() % 7) as usize]).collect())
+            }
+            _ => Value::Array((0..next() % 4).map(|_| random_value(next, depth + 1)).collect()),
+        }
+    }
+
+    #[test]
+    fn replies_read_as_redis_rs_reads_them_and_wait_for_their_last_byte() {
+        let mut next = crate::test_rng(0x5eed_1e55);
+        for _ in 0..2_000 {
+            let value = random_value(&mut next, 0);
+            let mut wire = Vec::new();
+            encode(&value, &mut wire);
+            let theirs = redis::parse_redis_value(&wire).expect("redis-rs reads it");
+            assert_eq!(parse(&wire).expect("reads"), Some((theirs, wire.len())), "{wire:?}");
+            for cut in 0..wire.len() {
+                assert_eq!(
+                    parse(&wire[..cut]).expect("a prefix is not an error"),
+                    None,
+                    "{:?}",
+                    &wire[..cut]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn error_replies_become_the_server_errors_redis_rs_makes() {
+        for wire in [
+            &b"-READONLY You can't write against a read only replica.\r\n"[..],
+            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+            b"-ERR unknown command 'DELEX', with args beginning with: \r\n",
+            b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+        ] {
+            let ours = parse(wire).expect("reads").expect("whole");
+            assert_eq!(
+                ours,
+                (redis::parse_redis_value(wire).expect("redis-rs reads it"), wire.len())
+            );
+            assert!(matches!(ours.0, Value::ServerError(_)), "{ours:?}");
+        }
+    }
+
+    #[test]
+    fn replies_out_of_step_are_errors_not_waits() {
+        for wire in [
+            &b"$3\r\nabcd\r\n"[..], // longer than its length
+            b":12x\r\n",
+            b"$-2\r\n",
+            b"*-5\r\n",
+            b"+OK\n",
+            b"~1\r\n:1\r\n", // RESP3
+            b"\r\n",
+        ] {
+            assert!(parse(wire).is_err(), "{wire:?}");
+        }
+        let deep = "*1\r\n".repeat(usize::from(MAX_DEPTH) + 1) + ":1\r\n";
+        assert!(parse(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn an_array_length_is_not_trusted_for_its_allocation() {
+        assert_eq!(parse(b"*4000000000\r\n:1\r\n").expect("a prefix"), None);
+    }
+}

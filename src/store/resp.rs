@@ -256,7 +256,7 @@ async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
 /// reads it).
 async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
     let (mut rd, mut wr) = stream.split();
-    let mut input = BytesMut::with_capacity(16 * 1024);
+    let mut input = BytesMut::with_capacity(BUFFER);
     let mut output = Vec::new();
     loop {
         {
@@ -272,9 +272,14 @@ async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
                 return e;
             }
             output.clear();
+            // A stored response can be large; the buffers of a long-lived connection
+            // should not keep the largest one's size for good.
+            output.shrink_to(KEEP);
         }
-        if input.capacity() - input.len() < 4096 {
-            input.reserve(16 * 1024);
+        if input.is_empty() && input.capacity() > KEEP {
+            input = BytesMut::with_capacity(BUFFER);
+        } else if input.capacity() - input.len() < BUFFER / 4 {
+            input.reserve(BUFFER);
         }
         tokio::select! {
             () = shared.wake.notified() => {}
@@ -290,6 +295,10 @@ async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
         }
     }
 }
+
+/// The read buffer's size, and what a buffer may keep between batches.
+const BUFFER: usize = 16 * 1024;
+const KEEP: usize = 64 * 1024;
 
 /// Hands every whole reply at the front of `input` to its waiter.
 fn deliver(shared: &Shared, input: &mut BytesMut) -> Result<(), io::Error> {

@@ -82,6 +82,50 @@ async fn a_url_with_a_user_and_a_database_reaches_that_database_as_that_user() {
     );
 }
 
+/// A stored response much larger than a connection's buffers comes back whole, to many
+/// readers at once (each reply spans many reads, and the replies queue behind each other),
+/// and the connection stays in step for the next call.
+#[tokio::test]
+async fn large_stored_responses_come_back_whole_to_many_readers_at_once() {
+    let server = RedisServer::start().await;
+    let store = Arc::new(redis_store(server.url()).await);
+    let owner = Token::generate();
+    let body: Vec<u8> = (0..1_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let reply = dedup_gateway::store::StoredResponse {
+        status: http::StatusCode::OK,
+        content_type: None,
+        content_encoding: None,
+        body: body.clone().into(),
+    };
+    store
+        .claim("big", owner, 1, Duration::from_secs(30))
+        .await
+        .expect("claim");
+    let completion = Completion {
+        first_seen_ms: 1,
+        ttl: Duration::from_secs(30),
+        response: Some(reply),
+    };
+    assert!(store.complete("big", owner, completion).await.expect("complete"));
+    let mut reads = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let store = Arc::clone(&store);
+        reads.spawn(async move { store.claim("big", Token::generate(), 2, Duration::from_secs(30)).await });
+    }
+    for found in reads.join_all().await {
+        match found.expect("claim") {
+            Claim::Found(dedup_gateway::store::Marker::Completed { response: Some(r), .. }) => {
+                assert!(r.body == body, "the body came back changed ({} bytes)", r.body.len());
+            }
+            other => panic!("expected the completed marker, got {other:?}"),
+        }
+    }
+    let after = store.claim("small", owner, 3, Duration::from_secs(30)).await;
+    assert_eq!(after.expect("claim"), Claim::Claimed);
+}
+
 fn pttl(server: &RedisServer, key: &str) -> i64 {
     server.cli(&["PTTL", key]).trim().parse().expect("PTTL")
 }

@@ -23,7 +23,7 @@ use bytes::{Buf, BytesMut};
 use deadpool_redis::redis::{
     self, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, RedisResult, Value,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot};
 
@@ -253,28 +253,37 @@ async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
 }
 
 /// Runs the connection until it breaks (or closes: then the error says so, and nobody
-/// reads it).
+/// reads it). Reads go on while a write waits for room, as they must: a server may stop
+/// reading commands while its replies are not read.
 async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
-    let (mut rd, mut wr) = stream.split();
+    let (mut rd, wr) = stream.split();
     let mut input = BytesMut::with_capacity(BUFFER);
+    // Commands being written: `output[written..]` has yet to go out.
     let mut output = Vec::new();
+    let mut written = 0;
     loop {
         {
             let mut state = shared.lock();
             if state.closed {
                 return io::Error::new(io::ErrorKind::BrokenPipe, "closed");
             }
-            std::mem::swap(&mut state.out, &mut output);
-            state.flush_due = false;
-        }
-        if !output.is_empty() {
-            if let Err(e) = wr.write_all(&output).await {
-                return e;
+            if written == output.len() {
+                output.clear();
+                // A stored response can be large; the buffers of a long-lived
+                // connection should not keep the largest one's size for good.
+                output.shrink_to(KEEP);
+                written = 0;
+                std::mem::swap(&mut state.out, &mut output);
+                state.flush_due = false;
             }
-            output.clear();
-            // A stored response can be large; the buffers of a long-lived connection
-            // should not keep the largest one's size for good.
-            output.shrink_to(KEEP);
+        }
+        while written < output.len() {
+            match wr.try_write(&output[written..]) {
+                Ok(0) => return io::Error::from(io::ErrorKind::WriteZero),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return e,
+            }
         }
         if input.is_empty() && input.capacity() > KEEP {
             input = BytesMut::with_capacity(BUFFER);
@@ -283,6 +292,11 @@ async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
         }
         tokio::select! {
             () = shared.wake.notified() => {}
+            room = wr.writable(), if written < output.len() => {
+                if let Err(e) = room {
+                    return e;
+                }
+            }
             read = rd.read_buf(&mut input) => match read {
                 Ok(0) => return io::Error::new(io::ErrorKind::UnexpectedEof, "redis closed the connection"),
                 Ok(_) => {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use dedup_gateway::store::{Claim, Completion, Store, Token};
 use http::Method;
 
@@ -82,37 +83,48 @@ async fn a_url_with_a_user_and_a_database_reaches_that_database_as_that_user() {
     );
 }
 
-/// A stored response much larger than a connection's buffers comes back whole, to many
-/// readers at once (each reply spans many reads, and the replies queue behind each other),
-/// and the connection stays in step for the next call.
+/// Stored responses much larger than a connection's buffers go out whole and come back
+/// whole, many at once: each batch of completes is more than a socket takes in one
+/// write, each reply spans many reads and queues behind others, and the connections
+/// stay in step for the next call.
 #[tokio::test]
-async fn large_stored_responses_come_back_whole_to_many_readers_at_once() {
+async fn large_stored_responses_go_out_and_come_back_whole_many_at_once() {
     let server = RedisServer::start().await;
-    let store = Arc::new(redis_store(server.url()).await);
-    let owner = Token::generate();
-    let body: Vec<u8> = (0..1_000_000u32)
+    // Megabytes per call: a timeout of seconds, not the contract's 500 ms, so that a slow
+    // machine does not fail the test.
+    let target = dedup_gateway::config::RedisTarget::Standalone(server.url());
+    let store = dedup_gateway::store::RedisStore::connect(&target, 4, Duration::from_secs(10), "dedup:");
+    let store = Arc::new(store.await.expect("connect"));
+    let body: Bytes = (0..4_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
-    let reply = dedup_gateway::store::StoredResponse {
-        status: http::StatusCode::OK,
-        content_type: None,
-        content_encoding: None,
-        body: body.clone().into(),
-    };
-    store
-        .claim("big", owner, 1, Duration::from_secs(30))
-        .await
-        .expect("claim");
-    let completion = Completion {
-        first_seen_ms: 1,
-        ttl: Duration::from_secs(30),
-        response: Some(reply),
-    };
-    assert!(store.complete("big", owner, completion).await.expect("complete"));
+    let ttl = Duration::from_secs(30);
+    let keys = || (0..12).map(|i| format!("big:{i}"));
+    let mut completes = tokio::task::JoinSet::new();
+    for key in keys() {
+        let (store, body) = (Arc::clone(&store), body.clone());
+        completes.spawn(async move {
+            let owner = Token::generate();
+            assert_eq!(store.claim(&key, owner, 1, ttl).await.expect("claim"), Claim::Claimed);
+            let reply = dedup_gateway::store::StoredResponse {
+                status: http::StatusCode::OK,
+                content_type: None,
+                content_encoding: None,
+                body,
+            };
+            let completion = Completion {
+                first_seen_ms: 1,
+                ttl,
+                response: Some(reply),
+            };
+            store.complete(&key, owner, completion).await.expect("complete")
+        });
+    }
+    assert!(completes.join_all().await.into_iter().all(|done| done));
     let mut reads = tokio::task::JoinSet::new();
-    for _ in 0..12 {
+    for key in keys() {
         let store = Arc::clone(&store);
-        reads.spawn(async move { store.claim("big", Token::generate(), 2, Duration::from_secs(30)).await });
+        reads.spawn(async move { store.claim(&key, Token::generate(), 2, ttl).await });
     }
     for found in reads.join_all().await {
         match found.expect("claim") {
@@ -122,7 +134,7 @@ async fn large_stored_responses_come_back_whole_to_many_readers_at_once() {
             other => panic!("expected the completed marker, got {other:?}"),
         }
     }
-    let after = store.claim("small", owner, 3, Duration::from_secs(30)).await;
+    let after = store.claim("small", Token::generate(), 3, ttl).await;
     assert_eq!(after.expect("claim"), Claim::Claimed);
 }
 

@@ -13,10 +13,10 @@
 //! pipelined onto the socket and their replies matched in order), so a burst of claims
 //! costs one write and one read on each side instead of one per call. `pool_size` of
 //! them are used in turn. On a `redis://` URL they are the store's own lean connections
-//! ([`super::resp`]); on `rediss://` and in a cluster, redis-rs's. A connection is dropped (and the next call
-//! connects afresh, to wherever the URL resolves now) when a call on it timed out or
-//! broke at the transport, or when Redis answered that it cannot take writes (a demoted
-//! primary after a failover): see [`Failure`].
+//! ([`super::resp`]); on `rediss://` and in a cluster, redis-rs's. A connection is
+//! dropped (and the next call connects afresh, to wherever the URL resolves now) when a
+//! call on it timed out or broke at the transport, or when Redis answered that it
+//! cannot take writes (a demoted primary after a failover): see [`Failure`].
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -180,7 +180,9 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(0);
 
 /// The connections of one kind, used in turn.
 enum Connections {
+    /// redis-rs's, for what [`resp`] does not speak: `rediss://`, RESP3.
     Standalone(Lanes<redis::aio::MultiplexedConnection>),
+    /// The store's own, for `redis://`.
     Lean(Lanes<resp::Connection>),
     Cluster(Lanes<redis::cluster_async::ClusterConnection>),
 }

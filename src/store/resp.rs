@@ -6,14 +6,14 @@
 //! driver reads replies with a RESP2 reader for the five reply types, where redis-rs runs
 //! a combinator parser. `rediss://` and RESP3 URLs stay on redis-rs.
 //!
-//! Failures look exactly as they do from redis-rs, so the store classifies them in one
-//! place (`Failure` in [`super::redis`]):
+//! Failures come out as redis-rs errors, so the store classifies them in one place
+//! (`Failure` in [`super::redis`]):
 //! - an error reply goes through redis-rs's own parser, and so becomes the same
 //!   `ServerError`, with the same kind and code;
-//! - a broken transport, or a reply that cannot be read (the stream is out of step from
-//!   then on), fails every call waiting on the connection with an I/O error: each may
-//!   have taken effect. The connection stays broken, and later calls on it fail at once
-//!   with the same error, until the store drops it.
+//! - a broken transport fails every call waiting on the connection with an I/O error:
+//!   each may have taken effect. So does a reply that cannot be read, since the stream
+//!   is out of step from then on. The connection stays broken, and later calls on it
+//!   fail at once with the same error, until the store drops it.
 
 use std::collections::VecDeque;
 use std::io;

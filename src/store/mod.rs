@@ -6,6 +6,7 @@
 //! while the marker still holds the caller's token.
 
 pub mod admin;
+mod command;
 pub mod memory;
 pub mod redis;
 mod resp;

@@ -20,6 +20,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::io::Write;
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -29,11 +30,13 @@ use arc_swap::ArcSwapOption;
 use base64::Engine as _;
 use bytes::Bytes;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, RedisWrite as _, Script, ServerErrorKind,
+    self, AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind,
+    aio::ConnectionLike as _,
 };
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
+use super::command::{Arg, Command};
 use super::resp;
 use super::{Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, Store, StoreError, StoredResponse, Token};
 use crate::config::RedisTarget;
@@ -268,47 +271,67 @@ struct Sent {
     conn: usize,
 }
 
-/// One call: a command, a script's EVALSHA (see [`evalsha`]), or a pipeline.
+/// One call: a command (its name, then its arguments), a script's (its arguments, the
+/// one key first; sent as `EVALSHA <sha> 1 ...` rather than through redis-rs's
+/// `ScriptInvocation`, which collects each argument in a Vec of its own), or a pipeline.
 enum Call<'a> {
-    Cmd(&'a Cmd),
-    Script(&'a Script, &'a Cmd),
+    Cmd(&'a str, &'a [Arg<'a>]),
+    Script(&'a Script, &'a [Arg<'a>]),
     Pipe(&'a redis::Pipeline),
 }
 
 impl Call<'_> {
-    async fn on<T: FromRedisValue>(&self, conn: &mut impl redis::aio::ConnectionLike) -> Result<T, RedisError> {
-        match self {
-            Call::Cmd(cmd) => cmd.query_async(conn).await,
-            Call::Script(script, evalsha) => match evalsha.query_async(conn).await {
-                // A Redis restarted since the scripts were loaded: load, and send again
-                // (NOSCRIPT means the script did not run).
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(conn).await?;
-                    evalsha.query_async(conn).await
+    async fn on<T: FromRedisValue>(&self, conn: &mut impl Conn) -> Result<T, RedisError> {
+        match *self {
+            Call::Cmd(name, args) => query(conn, Command { lead: &[name], args }).await,
+            Call::Script(script, args) => {
+                let evalsha = Command {
+                    lead: &["EVALSHA", script.get_hash(), "1"],
+                    args,
+                };
+                match query(conn, evalsha).await {
+                    // A Redis restarted since the scripts were loaded: load, and send
+                    // again (NOSCRIPT means the script did not run).
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        script.load_async(conn).await?;
+                        query(conn, evalsha).await
+                    }
+                    other => other,
                 }
-                other => other,
-            },
+            }
             Call::Pipe(pipe) => pipe.query_async(conn).await,
         }
     }
 }
 
-/// A command with room for `args` arguments and `data` bytes of them, so adding them
-/// does not grow its buffers one reallocation at a time.
-fn command(name: &str, args: usize, data: usize) -> Cmd {
-    let mut cmd = Cmd::with_capacity(args + 1, name.len() + data);
-    cmd.arg(name);
-    cmd
+/// Sends `command` and reads its reply as a `T`; an error reply is an error.
+async fn query<T: FromRedisValue>(conn: &mut impl Conn, command: Command<'_>) -> Result<T, RedisError> {
+    let reply = conn.command(command).await?;
+    Ok(redis::from_redis_value(reply.extract_error()?)?)
 }
 
-/// `EVALSHA <script> 1 <key>`, with room for `args` more arguments of `data` bytes.
-/// Built here rather than through redis-rs's `ScriptInvocation`, which collects each
-/// argument in a Vec of its own and then copies them all into a command like this one.
-fn evalsha(script: &Script, key: &str, args: usize, data: usize) -> Cmd {
-    let hash = script.get_hash();
-    let mut cmd = command("EVALSHA", 3 + args, hash.len() + 1 + key.len() + data);
-    cmd.arg(hash).arg(1).arg(key);
-    cmd
+/// A connection a [`Call`] goes out on. redis-rs's take the command as a `Cmd`; the
+/// store's own have it written in place into their buffer.
+trait Conn: redis::aio::ConnectionLike + Send {
+    fn command(&mut self, command: Command<'_>) -> impl Future<Output = Result<redis::Value, RedisError>> + Send;
+}
+
+impl Conn for resp::Connection {
+    fn command(&mut self, command: Command<'_>) -> impl Future<Output = Result<redis::Value, RedisError>> + Send {
+        self.request(move |out| command.write_resp(out))
+    }
+}
+
+impl Conn for redis::aio::MultiplexedConnection {
+    async fn command(&mut self, command: Command<'_>) -> Result<redis::Value, RedisError> {
+        self.req_packed_command(&command.to_cmd()).await
+    }
+}
+
+impl Conn for redis::cluster_async::ClusterConnection {
+    async fn command(&mut self, command: Command<'_>) -> Result<redis::Value, RedisError> {
+        self.req_packed_command(&command.to_cmd()).await
+    }
 }
 
 impl Connections {
@@ -462,8 +485,7 @@ impl RedisStore {
     pub async fn prepare_thread(&self) {
         let conns = self.conns();
         for _ in 0..conns.len() {
-            let cmd = redis::cmd("PING");
-            if let Err(error) = self.call::<redis::Value>(&conns, Call::Cmd(&cmd)).await {
+            if let Err(error) = self.call::<redis::Value>(&conns, Call::Cmd("PING", &[])).await {
                 tracing::warn!(%error, "cannot open a redis connection yet");
                 return;
             }
@@ -535,9 +557,9 @@ impl RedisStore {
         conns: &Connections,
         known: &AtomicBool,
         what: &'static str,
-        cmd: &Cmd,
+        call: Call<'_>,
     ) -> Option<Result<T, StoreError>> {
-        match self.call_failing::<T>(conns, Call::Cmd(cmd)).await {
+        match self.call_failing::<T>(conns, call).await {
             Ok(reply) => Some(Ok(reply)),
             Err((Failure::Unsupported, error)) => {
                 if known.swap(false, Ordering::Relaxed) {
@@ -646,24 +668,40 @@ impl RedisTarget {
 
 // ---------------------------------------------------------------- value format
 
-/// Writes the PROCESSING value (into a command's argument). Built by hand so it always
-/// starts with the prefix the Lua scripts compare.
-fn write_processing_value(out: &mut impl std::io::Write, token: Token, first_seen_ms: u64) {
-    write_parts(
-        out,
-        [
-            &token_prefix(token),
+/// A PROCESSING value, on the stack (it is copied into the command that carries it).
+/// Built by hand so it always starts with the prefix the Lua scripts compare.
+struct ProcessingValue {
+    bytes: [u8; PROCESSING_VALUE_MAX],
+    len: usize,
+}
+
+impl ProcessingValue {
+    fn new(token: Token, first_seen_ms: u64) -> Self {
+        let mut value = ProcessingValue {
+            bytes: [0; PROCESSING_VALUE_MAX],
+            len: 0,
+        };
+        for part in [
+            &token_prefix(token)[..],
             FIRST_SEEN_FIELD,
             itoa::Buffer::new().format(first_seen_ms).as_bytes(),
             b"}",
-        ],
-    );
+        ] {
+            value.bytes[value.len..value.len + part.len()].copy_from_slice(part);
+            value.len += part.len();
+        }
+        value
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// Writes `parts` in turn. Into a command's buffer (a Vec) a write cannot fail. The
 /// values on the hot path are written this way, with `itoa` for the numbers: through
 /// `write!` and serde_json they cost 560 and 1,190 instructions (callgrind).
-fn write_parts<const N: usize>(out: &mut impl std::io::Write, parts: [&[u8]; N]) {
+fn write_parts<const N: usize>(out: &mut (impl Write + ?Sized), parts: [&[u8]; N]) {
     for part in parts {
         let _ = out.write_all(part);
     }
@@ -673,7 +711,7 @@ const FIRST_SEEN_FIELD: &[u8] = b",\"first_seen_ms\":";
 const COMPLETED_PREFIX: &[u8] = b"{\"state\":\"completed\"";
 const COMPLETED_FIELD: &[u8] = b",\"completed_ms\":";
 
-/// The longest PROCESSING value, for sizing a command's buffer.
+/// The longest PROCESSING value: the size of a [`ProcessingValue`].
 const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + FIRST_SEEN_FIELD.len() + "18446744073709551615}".len();
 
 const TOKEN_PREFIX_LEN: usize = PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + Token::HEX_LEN + 1;
@@ -736,13 +774,13 @@ struct ResponseValue<'a> {
 }
 
 /// Writes the COMPLETED value (into a command's argument).
-fn write_completed_value(out: impl std::io::Write, c: &Completion) {
+fn write_completed_value(out: impl Write, c: &Completion) {
     write_completed(out, c, super::unix_ms());
 }
 
 /// [`write_completed_value`], completed at `completed_ms`. Without a response (no
 /// `replay`: nearly every value) written by hand, as serde_json would write it.
-fn write_completed(mut out: impl std::io::Write, c: &Completion, completed_ms: u64) {
+fn write_completed(mut out: impl Write, c: &Completion, completed_ms: u64) {
     if c.response.is_none() {
         let (mut first_seen, mut completed) = (itoa::Buffer::new(), itoa::Buffer::new());
         write_parts(
@@ -826,7 +864,7 @@ fn parse_json(raw: &[u8]) -> Result<Marker, StoreError> {
 }
 
 /// The two values nearly every claim finds, read without serde: exactly as
-/// [`write_processing_value`] and [`write_completed`] (without a response) write them.
+/// [`ProcessingValue`] and [`write_completed`] (without a response) write them.
 /// Anything else (another order, spacing, uppercase hex, a response) is `None`, left
 /// to serde, which read a marker in 2,100 instructions.
 fn parse_written(raw: &[u8]) -> Option<Marker> {
@@ -896,11 +934,16 @@ fn millis(d: Duration) -> u64 {
 
 impl Store for RedisStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        let mut cmd = command("SET", 6, key.len() + PROCESSING_VALUE_MAX + 32);
-        cmd.arg(key);
-        write_processing_value(&mut cmd.writer_for_next_arg(), token, first_seen_ms);
-        cmd.arg("NX").arg("PX").arg(millis(ttl)).arg("GET");
-        let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd(&cmd)).await?;
+        let value = ProcessingValue::new(token, first_seen_ms);
+        let args = [
+            key.into(),
+            Arg::Bytes(value.as_bytes()),
+            "NX".into(),
+            "PX".into(),
+            Arg::Int(millis(ttl)),
+            "GET".into(),
+        ];
+        let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("SET", &args)).await?;
         match previous {
             None => Ok(Claim::Claimed),
             Some(raw) => parse_marker(&raw).map(Claim::Found),
@@ -912,56 +955,55 @@ impl Store for RedisStore {
         // `SET key <COMPLETED> PX ttl IFEQ <PROCESSING value>`: a plain command where the
         // script costs the server a Lua call (Valkey 8.1 on the bench machine: 2.2 µs of
         // server time instead of 6.6).
+        let c = &completion;
+        let completed = |out: &mut dyn Write| write_completed_value(out, c);
+        let completed = Arg::With {
+            about: completed_value_len(c),
+            write: &completed,
+        };
         if self.set_if_eq.load(Ordering::Relaxed) {
-            let c = &completion;
-            let mut cmd = command("SET", 6, key.len() + completed_value_len(c) + PROCESSING_VALUE_MAX + 32);
-            cmd.arg(key);
-            write_completed_value(cmd.writer_for_next_arg(), c);
-            cmd.arg("PX").arg(millis(c.ttl)).arg("IFEQ");
-            write_processing_value(&mut cmd.writer_for_next_arg(), token, c.first_seen_ms);
+            let value = ProcessingValue::new(token, c.first_seen_ms);
+            let args = [
+                key.into(),
+                completed,
+                "PX".into(),
+                Arg::Int(millis(c.ttl)),
+                "IFEQ".into(),
+                Arg::Bytes(value.as_bytes()),
+            ];
             let done = self
-                .unless_unknown::<Option<redis::Value>>(&conns, &self.set_if_eq, "SET IFEQ", &cmd)
+                .unless_unknown::<Option<redis::Value>>(&conns, &self.set_if_eq, "SET IFEQ", Call::Cmd("SET", &args))
                 .await;
             if let Some(done) = done {
                 return done.map(|reply| reply.is_some());
             }
         }
-        let mut cmd = evalsha(
-            &COMPLETE,
-            key,
-            3,
-            TOKEN_PREFIX_LEN + completed_value_len(&completion) + 20,
-        );
-        cmd.arg(&token_prefix(token)[..]);
-        write_completed_value(cmd.writer_for_next_arg(), &completion);
-        cmd.arg(millis(completion.ttl));
-        let done: i64 = self.call(&conns, Call::Script(&COMPLETE, &cmd)).await?;
+        let prefix = token_prefix(token);
+        let args = [key.into(), Arg::Bytes(&prefix), completed, Arg::Int(millis(c.ttl))];
+        let done: i64 = self.call(&conns, Call::Script(&COMPLETE, &args)).await?;
         Ok(done == 1)
     }
 
     async fn release(&self, key: &str, token: Token, first_seen_ms: u64) -> Result<bool, StoreError> {
         let conns = self.conns();
         if self.del_if_eq.load(Ordering::Relaxed) {
-            let mut cmd = command("DELEX", 3, key.len() + 4 + PROCESSING_VALUE_MAX);
-            cmd.arg(key).arg("IFEQ");
-            write_processing_value(&mut cmd.writer_for_next_arg(), token, first_seen_ms);
+            let value = ProcessingValue::new(token, first_seen_ms);
+            let args = [key.into(), "IFEQ".into(), Arg::Bytes(value.as_bytes())];
             if let Some(deleted) = self
-                .unless_unknown::<i64>(&conns, &self.del_if_eq, "DELEX IFEQ", &cmd)
+                .unless_unknown::<i64>(&conns, &self.del_if_eq, "DELEX IFEQ", Call::Cmd("DELEX", &args))
                 .await
             {
                 return deleted.map(|deleted| deleted == 1);
             }
         }
-        let mut cmd = evalsha(&RELEASE, key, 1, TOKEN_PREFIX_LEN);
-        cmd.arg(&token_prefix(token)[..]);
-        let deleted: i64 = self.call(&conns, Call::Script(&RELEASE, &cmd)).await?;
+        let prefix = token_prefix(token);
+        let args = [key.into(), Arg::Bytes(&prefix)];
+        let deleted: i64 = self.call(&conns, Call::Script(&RELEASE, &args)).await?;
         Ok(deleted == 1)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
-        let mut cmd = command("GET", 1, key.len());
-        cmd.arg(key);
-        let raw: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd(&cmd)).await?;
+        let raw: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("GET", &[key.into()])).await?;
         raw.map(|raw| parse_marker(&raw)).transpose()
     }
 
@@ -977,9 +1019,14 @@ impl Store for RedisStore {
     /// must say whether claims can land. `PSETEX` rather than `SET` keeps it apart from
     /// the claims in `INFO commandstats`.
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("PSETEX");
-        cmd.arg(&self.health_key).arg(10_000u64).arg(super::unix_ms());
-        self.call::<redis::Value>(&self.health, Call::Cmd(&cmd)).await.map(drop)
+        let args = [
+            self.health_key.as_str().into(),
+            Arg::Int(10_000),
+            Arg::Int(super::unix_ms()),
+        ];
+        self.call::<redis::Value>(&self.health, Call::Cmd("PSETEX", &args))
+            .await
+            .map(drop)
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
@@ -1011,8 +1058,8 @@ static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
 
 impl RedisStore {
     async fn inspect_key(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        let cmd = evalsha(&INSPECT, key, 0, 0);
-        let (raw, pttl): (Option<Vec<u8>>, i64) = self.call(&self.conns(), Call::Script(&INSPECT, &cmd)).await?;
+        let (raw, pttl): (Option<Vec<u8>>, i64) =
+            self.call(&self.conns(), Call::Script(&INSPECT, &[key.into()])).await?;
         let Some(raw) = raw else { return Ok(None) };
         let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(Some(match parse_marker(&raw)? {
@@ -1035,9 +1082,12 @@ impl RedisStore {
     }
 
     async fn forget_key(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
-        let mut cmd = evalsha(&FORGET, key, 2, PROCESSING_PREFIX.len() + 1);
-        cmd.arg(PROCESSING_PREFIX).arg(if force { "1" } else { "0" });
-        let outcome: i64 = self.call(&self.conns(), Call::Script(&FORGET, &cmd)).await?;
+        let args = [
+            key.into(),
+            PROCESSING_PREFIX.into(),
+            if force { "1" } else { "0" }.into(),
+        ];
+        let outcome: i64 = self.call(&self.conns(), Call::Script(&FORGET, &args)).await?;
         Ok(match outcome {
             1 => Forgotten::Deleted(KeyState::Completed),
             2 => Forgotten::Refused,
@@ -1052,9 +1102,7 @@ mod tests {
     use super::*;
 
     fn processing_value(token: Token, first_seen_ms: u64) -> String {
-        let mut value = Vec::new();
-        write_processing_value(&mut value, token, first_seen_ms);
-        String::from_utf8(value).expect("utf-8")
+        String::from_utf8(ProcessingValue::new(token, first_seen_ms).as_bytes().to_vec()).expect("utf-8")
     }
 
     fn completed_value(c: &Completion) -> String {

@@ -160,12 +160,32 @@ impl Shared {
             drop(state);
             return waiter.fail(error);
         }
-        write(&mut state.out);
+        let mut whole = Whole {
+            keep: state.out.len(),
+            out: &mut state.out,
+        };
+        write(whole.out);
+        whole.keep = whole.out.len();
+        drop(whole);
         state.waiting.push_back(waiter);
         if !std::mem::replace(&mut state.flush_due, true) {
             drop(state);
             self.wake.notify_one();
         }
+    }
+}
+
+/// Cuts the buffer back to `keep` bytes when dropped: a command whose writing panicked
+/// is taken back, so that half of it never goes out (the lock is taken over after a
+/// panic, see [`Shared::lock`]).
+struct Whole<'a> {
+    out: &'a mut Vec<u8>,
+    keep: usize,
+}
+
+impl Drop for Whole<'_> {
+    fn drop(&mut self) {
+        self.out.truncate(self.keep);
     }
 }
 
@@ -212,13 +232,22 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Sends one command, which `write` appends to the connection's buffer as RESP (so
+    /// it is written once, in place, and the reply is the call's).
+    pub(super) fn request(
+        &self,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'static {
+        let (reply, rx) = oneshot::channel();
+        self.handle.shared.send(write, Waiter::One(reply));
+        async move { rx.await.unwrap_or_else(|_| Err(gone())) }
+    }
+}
+
 impl redis::aio::ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let (reply, rx) = oneshot::channel();
-        self.handle
-            .shared
-            .send(|out| cmd.write_packed_command(out), Waiter::One(reply));
-        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(gone())) })
+        Box::pin(self.request(|out| cmd.write_packed_command(out)))
     }
 
     fn req_packed_commands<'a>(

@@ -16,7 +16,8 @@
 //! ([`super::resp`]); on `rediss://` and in a cluster, redis-rs's. A connection is
 //! dropped (and the next call connects afresh, to wherever the URL resolves now) when a
 //! call on it timed out or broke at the transport, or when Redis answered that it
-//! cannot take writes (a demoted primary after a failover): see [`Failure`].
+//! cannot take writes (a demoted primary after a failover): see [`Failure`]. One of the
+//! store's own that broke while idle is replaced before a call is sent on it.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -213,7 +214,7 @@ struct Lane<C> {
     connecting: tokio::sync::Mutex<()>,
 }
 
-impl<C: Clone> Lanes<C> {
+impl<C: Conn + Clone> Lanes<C> {
     fn new(size: usize) -> Self {
         Lanes {
             lanes: (0..size.max(1))
@@ -226,7 +227,9 @@ impl<C: Clone> Lanes<C> {
         }
     }
 
-    /// A connection to send on: the next lane's, opened by `open` if it has none.
+    /// A connection to send on: the next lane's, opened by `open` if it has none or
+    /// its connection is known to be broken (a Redis restarted while the gateway was
+    /// idle then costs no failed call: each lane reconnects as it is next used).
     async fn get<F, Fut>(&self, open: F) -> Result<(usize, Arc<C>), RedisError>
     where
         F: FnOnce() -> Fut,
@@ -234,11 +237,15 @@ impl<C: Clone> Lanes<C> {
     {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
         let lane = &self.lanes[i];
-        if let Some(conn) = lane.conn.load_full() {
+        if let Some(conn) = lane.conn.load_full()
+            && conn.usable()
+        {
             return Ok((i, conn));
         }
         let _connecting = lane.connecting.lock().await;
-        if let Some(conn) = lane.conn.load_full() {
+        if let Some(conn) = lane.conn.load_full()
+            && conn.usable()
+        {
             return Ok((i, conn)); // another call connected while this one waited
         }
         let conn = Arc::new(open().await?);
@@ -313,10 +320,20 @@ async fn query<T: FromRedisValue>(conn: &mut impl Conn, command: Command<'_>) ->
 /// A connection a [`Call`] goes out on. redis-rs's take the command as a `Cmd`; the
 /// store's own have it written in place into their buffer.
 trait Conn: redis::aio::ConnectionLike + Send {
+    /// False once the connection is known to be broken (the store's own say so;
+    /// redis-rs's do not, and fail the call instead).
+    fn usable(&self) -> bool {
+        true
+    }
+
     fn command(&mut self, command: Command<'_>) -> impl Future<Output = Result<redis::Value, RedisError>> + Send;
 }
 
 impl Conn for resp::Connection {
+    fn usable(&self) -> bool {
+        resp::Connection::usable(self)
+    }
+
     fn command(&mut self, command: Command<'_>) -> impl Future<Output = Result<redis::Value, RedisError>> + Send {
         self.request(move |out| command.write_resp(out))
     }

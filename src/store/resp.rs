@@ -12,11 +12,14 @@
 //!   `ServerError`, with the same kind and code;
 //! - a broken transport fails every call waiting on the connection with an I/O error:
 //!   each may have taken effect. So does a reply that cannot be read, since the stream
-//!   is out of step from then on. The connection stays broken, and later calls on it
-//!   fail at once with the same error, until the store drops it.
+//!   is out of step from then on. The connection stays broken: the store sees it
+//!   ([`Connection::usable`]) and opens a fresh one before the next call, so a call is
+//!   not sent on a connection known to be broken (one that finds it broken all the
+//!   same, in the instant between that check and its send, fails with the same error).
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Buf, BytesMut};
@@ -103,6 +106,10 @@ impl Drop for Handle {
 /// What callers and the driver share.
 struct Shared {
     state: Mutex<State>,
+    /// The driver stopped (the transport broke, or a reply could not be read): the
+    /// store opens a fresh connection rather than send on this one. Read without the
+    /// lock, before each call.
+    stopped: AtomicBool,
     /// Wakes the driver: there is something to write, or the handles are gone.
     wake: Notify,
 }
@@ -201,6 +208,7 @@ impl Connection {
     fn start(stream: TcpStream, db: i64) -> Connection {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
+            stopped: AtomicBool::new(false),
             wake: Notify::new(),
         });
         tokio::spawn(drive(Arc::clone(&shared), stream));
@@ -233,6 +241,12 @@ impl Connection {
 }
 
 impl Connection {
+    /// False once the connection is known to be broken: every call on it would fail
+    /// without being sent.
+    pub(super) fn usable(&self) -> bool {
+        !self.handle.shared.stopped.load(Ordering::Relaxed)
+    }
+
     /// Sends one command, which `write` appends to the connection's buffer as RESP (so
     /// it is written once, in place, and the reply is the call's).
     pub(super) fn request(
@@ -269,6 +283,7 @@ impl redis::aio::ConnectionLike for Connection {
 /// fails whatever still waits.
 async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
     let why = run(&shared, &mut stream).await;
+    shared.stopped.store(true, Ordering::Relaxed);
     let mut state = shared.lock();
     let (kind, why) = state
         .broken

@@ -21,10 +21,11 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::Write;
-use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -36,6 +37,7 @@ use deadpool_redis::redis::{
 };
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::command::{Arg, Command};
 use super::resp;
@@ -79,6 +81,69 @@ pub struct RedisStore {
     set_if_eq: AtomicBool,
     /// Release with `DELEX ... IFEQ` rather than [`RELEASE_LUA`], by the same rules.
     del_if_eq: AtomicBool,
+    local_waits: LocalWaits,
+}
+
+/// Requests of this process waiting on a marker that another request of this process
+/// may hold: the holder's complete or release wakes them at once. Redis has nothing to
+/// wake a waiter by, so each polls ([`Store::wait`]), the first time after 5 ms; a
+/// duplicate that arrived while its first delivery was forwarded by the same gateway
+/// (the usual case with one replica) no longer waits out that poll. A holder on another
+/// replica wakes nobody here: the poll still covers it, as it covers a wake-up missed
+/// because the holder finished just before the waiter registered.
+#[derive(Default)]
+struct LocalWaits {
+    /// How many waits are registered: a holder finishing with none (nearly always)
+    /// takes no lock.
+    count: AtomicUsize,
+    /// By holder token. Weak: the waiters hold the `Notify`, and the last one to leave
+    /// removes the entry.
+    by_holder: std::sync::Mutex<HashMap<Token, Weak<Notify>>>,
+}
+
+impl LocalWaits {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Token, Weak<Notify>>> {
+        self.by_holder.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until `holder` finishes here, or `limit` passes.
+    async fn wait(&self, holder: Token, limit: Duration) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        let woken = {
+            let mut waits = self.lock();
+            let entry = waits.entry(holder).or_default();
+            let notify = entry.upgrade().unwrap_or_else(|| {
+                let notify = Arc::new(Notify::new());
+                *entry = Arc::downgrade(&notify);
+                notify
+            });
+            // Registered before the lock is released: a wake from now on reaches it.
+            notify.notified_owned()
+        };
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep(limit) => {}
+        }
+        {
+            let mut waits = self.lock();
+            if waits.get(&holder).is_some_and(|w| w.strong_count() == 0) {
+                waits.remove(&holder);
+            }
+        }
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// `holder` finished (its marker completed, released, or its call failed): whoever
+    /// waits on it looks again.
+    fn wake(&self, holder: Token) {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let waiting = self.lock().remove(&holder);
+        if let Some(notify) = waiting.and_then(|w| w.upgrade()) {
+            notify.notify_waiters();
+        }
+    }
 }
 
 /// What a failed call tells about the command and about the connection it used. One
@@ -469,6 +534,7 @@ impl RedisStore {
             connector,
             set_if_eq: AtomicBool::new(true),
             del_if_eq: AtomicBool::new(true),
+            local_waits: LocalWaits::default(),
         };
         for url in target.urls() {
             let server = check_server(url, timeout).await?;
@@ -949,25 +1015,9 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-impl Store for RedisStore {
-    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        let value = ProcessingValue::new(token, first_seen_ms);
-        let args = [
-            key.into(),
-            Arg::Bytes(value.as_bytes()),
-            "NX".into(),
-            "PX".into(),
-            Arg::Int(millis(ttl)),
-            "GET".into(),
-        ];
-        let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("SET", &args)).await?;
-        match previous {
-            None => Ok(Claim::Claimed),
-            Some(raw) => parse_marker(&raw).map(Claim::Found),
-        }
-    }
-
-    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
+impl RedisStore {
+    /// PROCESSING(token) -> COMPLETED ([`Store::complete`], but for the wake-up).
+    async fn complete_marker(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
         let conns = self.conns();
         // `SET key <COMPLETED> PX ttl IFEQ <PROCESSING value>`: a plain command where the
         // script costs the server a Lua call (Valkey 8.1 on the bench machine: 2.2 µs of
@@ -1001,7 +1051,8 @@ impl Store for RedisStore {
         Ok(done == 1)
     }
 
-    async fn release(&self, key: &str, token: Token, first_seen_ms: u64) -> Result<bool, StoreError> {
+    /// Deletes PROCESSING(token) ([`Store::release`], but for the wake-up).
+    async fn release_marker(&self, key: &str, token: Token, first_seen_ms: u64) -> Result<bool, StoreError> {
         let conns = self.conns();
         if self.del_if_eq.load(Ordering::Relaxed) {
             let value = ProcessingValue::new(token, first_seen_ms);
@@ -1018,18 +1069,49 @@ impl Store for RedisStore {
         let deleted: i64 = self.call(&conns, Call::Script(&RELEASE, &args)).await?;
         Ok(deleted == 1)
     }
+}
+
+impl Store for RedisStore {
+    async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
+        let value = ProcessingValue::new(token, first_seen_ms);
+        let args = [
+            key.into(),
+            Arg::Bytes(value.as_bytes()),
+            "NX".into(),
+            "PX".into(),
+            Arg::Int(millis(ttl)),
+            "GET".into(),
+        ];
+        let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("SET", &args)).await?;
+        match previous {
+            None => Ok(Claim::Claimed),
+            Some(raw) => parse_marker(&raw).map(Claim::Found),
+        }
+    }
+
+    async fn complete(&self, key: &str, token: Token, completion: Completion) -> Result<bool, StoreError> {
+        let done = self.complete_marker(key, token, completion).await;
+        self.local_waits.wake(token);
+        done
+    }
+
+    async fn release(&self, key: &str, token: Token, first_seen_ms: u64) -> Result<bool, StoreError> {
+        let released = self.release_marker(key, token, first_seen_ms).await;
+        self.local_waits.wake(token);
+        released
+    }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
         let raw: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("GET", &[key.into()])).await?;
         raw.map(|raw| parse_marker(&raw)).transpose()
     }
 
-    /// Another replica may hold the marker, so there is nothing to be woken by: poll,
+    /// Woken at once by a holder in this process ([`LocalWaits`]); else a poll,
     /// starting fast (most first attempts finish within milliseconds) and backing off
     /// to 200 ms so a long wait costs a few round trips a second.
-    async fn wait(&self, _key: &str, _holder: Token, attempt: u32, max: Duration) {
+    async fn wait(&self, _key: &str, holder: Token, attempt: u32, max: Duration) {
         let backoff = Duration::from_millis(5u64 << attempt.min(6)).min(Duration::from_millis(200));
-        tokio::time::sleep(backoff.min(max)).await;
+        self.local_waits.wait(holder, backoff.min(max)).await;
     }
 
     /// A write, not a PING: a replica answers PING but refuses writes, and readiness

@@ -443,6 +443,39 @@ async fn readiness_follows_redis_and_recovers_by_itself() {
     assert_eq!(gw.client().post("/hook", &msg("down")).await.dedup(), "forwarded");
 }
 
+/// Polls `fut` once, with a waker that does nothing: whether it is ready now.
+fn ready_now<F: Future>(fut: std::pin::Pin<&mut F>) -> bool {
+    fut.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        .is_ready()
+}
+
+/// Redis has nothing to wake a waiter by, so a wait polls (5 ms at first, up to
+/// 200 ms). A holder in the same process wakes its waiters the moment it completes or
+/// releases; a holder elsewhere (another token) wakes nobody, and the wait runs out.
+#[tokio::test]
+async fn a_holder_in_this_process_wakes_its_waiters_when_it_completes_or_releases() {
+    let server = RedisServer::start().await;
+    let store = redis_store(server.url()).await;
+    let long = Duration::from_secs(60); // the poll waits its longest (200 ms)
+    let (a, b) = (Token::generate(), Token::generate());
+    for (key, token) in [("dedup:wake-a", a), ("dedup:wake-b", b)] {
+        assert_eq!(store.claim(key, token, 1, long).await.expect("claim"), Claim::Claimed);
+    }
+    let mut on_a = std::pin::pin!(store.wait("dedup:wake-a", a, 10, long));
+    let mut on_b = std::pin::pin!(store.wait("dedup:wake-b", b, 10, long));
+    assert!(!ready_now(on_a.as_mut()) && !ready_now(on_b.as_mut()), "waiting");
+    let done = Completion {
+        first_seen_ms: 1,
+        ttl: long,
+        response: None,
+    };
+    assert!(store.complete("dedup:wake-a", a, done).await.expect("complete"));
+    assert!(ready_now(on_a.as_mut()), "woken by its holder's complete");
+    assert!(!ready_now(on_b.as_mut()), "another holder's complete wakes nobody else");
+    assert!(store.release("dedup:wake-b", b, 1).await.expect("release"));
+    assert!(ready_now(on_b.as_mut()), "woken by its holder's release");
+}
+
 /// A Redis restarted while the gateway idles: every connection saw its peer go, and
 /// none is sent on again (each lane opens a fresh connection as it is next used), so
 /// not one store call after the restart fails. (Before, the first call on each lane

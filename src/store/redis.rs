@@ -751,25 +751,45 @@ impl RedisTarget {
 
 // ---------------------------------------------------------------- value format
 
-/// A PROCESSING value, on the stack (it is copied into the command that carries it).
-/// Built by hand so it always starts with the prefix the Lua scripts compare.
-struct ProcessingValue {
-    bytes: [u8; PROCESSING_VALUE_MAX],
+/// A value of the hot path, built by hand on the stack (it is copied into the command
+/// that carries it): a PROCESSING value, or a COMPLETED one without a response (no
+/// `replay`: nearly every one). Written in parts, with `itoa` for the numbers: through
+/// `write!` and serde_json they cost 560 and 1,190 instructions (callgrind).
+struct SmallValue {
+    bytes: [u8; SMALL_VALUE_MAX],
     len: usize,
 }
 
-impl ProcessingValue {
-    fn new(token: Token, first_seen_ms: u64) -> Self {
-        let mut value = ProcessingValue {
-            bytes: [0; PROCESSING_VALUE_MAX],
-            len: 0,
-        };
-        for part in [
-            &token_prefix(token)[..],
+impl SmallValue {
+    /// Starts with the prefix the Lua scripts compare ([`token_prefix`]).
+    fn processing(token: Token, first_seen_ms: u64) -> Self {
+        Self::of([
+            &token_prefix(token),
             FIRST_SEEN_FIELD,
             itoa::Buffer::new().format(first_seen_ms).as_bytes(),
             b"}",
-        ] {
+        ])
+    }
+
+    /// As serde_json writes it.
+    fn completed(first_seen_ms: u64, completed_ms: u64) -> Self {
+        Self::of([
+            COMPLETED_PREFIX,
+            FIRST_SEEN_FIELD,
+            itoa::Buffer::new().format(first_seen_ms).as_bytes(),
+            COMPLETED_FIELD,
+            itoa::Buffer::new().format(completed_ms).as_bytes(),
+            b"}",
+        ])
+    }
+
+    /// `parts` in turn: at most [`SMALL_VALUE_MAX`] bytes, as the two shapes above.
+    fn of<const N: usize>(parts: [&[u8]; N]) -> Self {
+        let mut value = SmallValue {
+            bytes: [0; SMALL_VALUE_MAX],
+            len: 0,
+        };
+        for part in parts {
             value.bytes[value.len..value.len + part.len()].copy_from_slice(part);
             value.len += part.len();
         }
@@ -781,21 +801,23 @@ impl ProcessingValue {
     }
 }
 
-/// Writes `parts` in turn. Into a command's buffer (a Vec) a write cannot fail. The
-/// values on the hot path are written this way, with `itoa` for the numbers: through
-/// `write!` and serde_json they cost 560 and 1,190 instructions (callgrind).
-fn write_parts<const N: usize>(out: &mut (impl Write + ?Sized), parts: [&[u8]; N]) {
-    for part in parts {
-        let _ = out.write_all(part);
-    }
-}
-
 const FIRST_SEEN_FIELD: &[u8] = b",\"first_seen_ms\":";
 const COMPLETED_PREFIX: &[u8] = b"{\"state\":\"completed\"";
 const COMPLETED_FIELD: &[u8] = b",\"completed_ms\":";
 
-/// The longest PROCESSING value: the size of a [`ProcessingValue`].
-const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + FIRST_SEEN_FIELD.len() + "18446744073709551615}".len();
+/// The longest u64, in digits.
+const U64_DIGITS: usize = "18446744073709551615".len();
+
+/// The longest PROCESSING value, and the longest COMPLETED value without a response.
+const PROCESSING_VALUE_MAX: usize = TOKEN_PREFIX_LEN + FIRST_SEEN_FIELD.len() + U64_DIGITS + 1;
+const COMPLETED_SMALL_MAX: usize =
+    COMPLETED_PREFIX.len() + FIRST_SEEN_FIELD.len() + U64_DIGITS + COMPLETED_FIELD.len() + U64_DIGITS + 1;
+/// The size of a [`SmallValue`]: room for either.
+const SMALL_VALUE_MAX: usize = if PROCESSING_VALUE_MAX > COMPLETED_SMALL_MAX {
+    PROCESSING_VALUE_MAX
+} else {
+    COMPLETED_SMALL_MAX
+};
 
 const TOKEN_PREFIX_LEN: usize = PROCESSING_PREFIX.len() + TOKEN_FIELD.len() + Token::HEX_LEN + 1;
 
@@ -865,18 +887,8 @@ fn write_completed_value(out: impl Write, c: &Completion) {
 /// `replay`: nearly every value) written by hand, as serde_json would write it.
 fn write_completed(mut out: impl Write, c: &Completion, completed_ms: u64) {
     if c.response.is_none() {
-        let (mut first_seen, mut completed) = (itoa::Buffer::new(), itoa::Buffer::new());
-        write_parts(
-            &mut out,
-            [
-                COMPLETED_PREFIX,
-                FIRST_SEEN_FIELD,
-                first_seen.format(c.first_seen_ms).as_bytes(),
-                COMPLETED_FIELD,
-                completed.format(completed_ms).as_bytes(),
-                b"}",
-            ],
-        );
+        // Into a command's buffer (a Vec) a write cannot fail.
+        let _ = out.write_all(SmallValue::completed(c.first_seen_ms, completed_ms).as_bytes());
         return;
     }
     let response = c.response.as_ref().map(|r| {
@@ -947,7 +959,7 @@ fn parse_json(raw: &[u8]) -> Result<Marker, StoreError> {
 }
 
 /// The two values nearly every claim finds, read without serde: exactly as
-/// [`ProcessingValue`] and [`write_completed`] (without a response) write them.
+/// [`SmallValue`] writes them.
 /// Anything else (another order, spacing, uppercase hex, a response) is `None`, left
 /// to serde, which read a marker in 2,100 instructions.
 fn parse_written(raw: &[u8]) -> Option<Marker> {
@@ -1023,13 +1035,20 @@ impl RedisStore {
         // script costs the server a Lua call (Valkey 8.1 on the bench machine: 2.2 µs of
         // server time instead of 6.6).
         let c = &completion;
-        let completed = |out: &mut dyn Write| write_completed_value(out, c);
-        let completed = Arg::With {
-            about: completed_value_len(c),
-            write: &completed,
+        let small = c
+            .response
+            .is_none()
+            .then(|| SmallValue::completed(c.first_seen_ms, super::unix_ms()));
+        let write = |out: &mut dyn Write| write_completed_value(out, c);
+        let completed = match &small {
+            Some(value) => Arg::Bytes(value.as_bytes()),
+            None => Arg::With {
+                about: completed_value_len(c),
+                write: &write,
+            },
         };
         if self.set_if_eq.load(Ordering::Relaxed) {
-            let value = ProcessingValue::new(token, c.first_seen_ms);
+            let value = SmallValue::processing(token, c.first_seen_ms);
             let args = [
                 key.into(),
                 completed,
@@ -1055,7 +1074,7 @@ impl RedisStore {
     async fn release_marker(&self, key: &str, token: Token, first_seen_ms: u64) -> Result<bool, StoreError> {
         let conns = self.conns();
         if self.del_if_eq.load(Ordering::Relaxed) {
-            let value = ProcessingValue::new(token, first_seen_ms);
+            let value = SmallValue::processing(token, first_seen_ms);
             let args = [key.into(), "IFEQ".into(), Arg::Bytes(value.as_bytes())];
             if let Some(deleted) = self
                 .unless_unknown::<i64>(&conns, &self.del_if_eq, "DELEX IFEQ", Call::Cmd("DELEX", &args))
@@ -1073,7 +1092,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
-        let value = ProcessingValue::new(token, first_seen_ms);
+        let value = SmallValue::processing(token, first_seen_ms);
         let args = [
             key.into(),
             Arg::Bytes(value.as_bytes()),
@@ -1201,7 +1220,7 @@ mod tests {
     use super::*;
 
     fn processing_value(token: Token, first_seen_ms: u64) -> String {
-        String::from_utf8(ProcessingValue::new(token, first_seen_ms).as_bytes().to_vec()).expect("utf-8")
+        String::from_utf8(SmallValue::processing(token, first_seen_ms).as_bytes().to_vec()).expect("utf-8")
     }
 
     fn completed_value(c: &Completion) -> String {
@@ -1227,6 +1246,21 @@ mod tests {
         assert!(!value.as_bytes().starts_with(&token_prefix(other)));
         // FORGET_LUA tells PROCESSING from COMPLETED by this prefix.
         assert!(value.starts_with(PROCESSING_PREFIX));
+    }
+
+    #[test]
+    fn small_values_have_room_for_the_largest_numbers() {
+        let longest = SmallValue::processing(Token::generate(), u64::MAX);
+        assert_eq!(longest.as_bytes().len(), PROCESSING_VALUE_MAX);
+        let longest = SmallValue::completed(u64::MAX, u64::MAX);
+        assert_eq!(longest.as_bytes().len(), COMPLETED_SMALL_MAX);
+        assert!(matches!(
+            parse_marker(longest.as_bytes()),
+            Ok(Marker::Completed {
+                first_seen_ms: u64::MAX,
+                response: None
+            })
+        ));
     }
 
     #[test]

@@ -7,7 +7,7 @@ Contestants (every one in front of the same trivial upstream, an nginx answering
 
   direct      wrk -> upstream (the ceiling)
   nginx       nginx as a plain reverse proxy (keepalive pool, 2 workers): the baseline
-  hyper-bare  the leanest proxy hyper makes (examples/bare-proxy.rs: the gateway's runtime
+  hyper-bare  the leanest proxy hyper makes (bench/bare-proxy.rs: the gateway's runtime
               layout, no dedup, bodies streamed): what the HTTP engine alone costs,
               in the all-unique row
   nginx-lua   nginx + Lua + Redis dedup written the way users write it (bench/dedup.lua)
@@ -39,8 +39,8 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 GATEWAY = os.path.join(ROOT, "target", "dist", "dedup-gateway")
-SENDER_COST = os.path.join(ROOT, "target", "dist", "examples", "sender-cost")
-BARE_PROXY = os.path.join(ROOT, "target", "dist", "examples", "bare-proxy")
+SENDER_COST = os.path.join(ROOT, "target", "dist", "sender-cost")
+BARE_PROXY = os.path.join(ROOT, "target", "dist", "bare-proxy")
 TICK = os.sysconf("SC_CLK_TCK")
 PROCS = []  # every process started, stopped by PID at exit
 
@@ -220,7 +220,7 @@ upstream = "http://127.0.0.1:{p[up]}"
 key = ["json:/msgId"]
 {extra}
 """
-    # Signed and encrypted senders (credentials as in examples/sender-cost.rs).
+    # Signed and encrypted senders (credentials as in bench/sender-cost.rs).
     routes += f"""
 [[routes]]
 name = "slack"
@@ -435,7 +435,7 @@ SENDER_IDS = 10_000
 
 def sender_script(kind):
     """A wrk script cycling through SENDER_IDS deliveries: signed and encrypted ones
-    built by examples/sender-cost (wrk's Lua can compute neither an HMAC nor AES), or
+    built by bench/sender-cost (wrk's Lua can compute neither an HMAC nor AES), or
     plain JSON ones."""
     if kind == "json":
         bodies = ",\n".join(

@@ -5,7 +5,7 @@
 //! how much the gateway's own work. A measuring tool, not a product: it forwards
 //! everything, keeps no limits and answers 502 on any upstream error.
 //!
-//!   cargo run --release --example bare-proxy -- LISTEN UPSTREAM [WORKERS]
+//!   cargo run --release --features bench-tools --bin bare-proxy -- LISTEN UPSTREAM [WORKERS]
 //!   e.g. bare-proxy 127.0.0.1:18094 127.0.0.1:18080 2
 
 use std::cell::RefCell;

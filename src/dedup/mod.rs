@@ -79,7 +79,7 @@ pub async fn process(
     if let Some(Ok(Claim::Found(marker @ Marker::Completed { response, .. }))) = &first
         && policy.mode == Mode::Enforce
     {
-        count_age(route, marker);
+        count_age(route, marker, first_seen_ms);
         return Ok(duplicate(route, response.as_deref()));
     }
     let task = Task {
@@ -189,7 +189,7 @@ impl Task {
                     }
                 };
                 if waits == 0 {
-                    count_age(route, &marker);
+                    count_age(route, &marker, self.first_seen_ms);
                 }
                 if policy.mode == Mode::Shadow {
                     let outcome = match marker {
@@ -268,9 +268,10 @@ fn settle(result: Result<Claim, StoreError>, token: Token, may_have_landed: bool
     }
 }
 
-/// Counts how long after its first delivery a message came again.
-fn count_age(route: &Route, marker: &Marker) {
-    let age = unix_ms().saturating_sub(marker.first_seen_ms());
+/// Counts how long after its first delivery a message came again: `arrived_ms` is this
+/// delivery's arrival (the clock read for its own claim, so none is read here).
+fn count_age(route: &Route, marker: &Marker, arrived_ms: u64) {
+    let age = arrived_ms.saturating_sub(marker.first_seen_ms());
     route.metrics.duplicate_age(Duration::from_millis(age));
 }
 

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::body::{self, Body, ReadError};
-use crate::dedup::key::{Input, stored_key};
+use crate::dedup::key::{Input, StoredKey};
 use crate::dedup::policy::{Mode, OnMissingKey};
 use crate::dedup::{self, Answer};
 use crate::error::{GatewayError, not_found};
@@ -114,7 +114,7 @@ async fn keyed(
         config
             .key
             .derive(input)
-            .map(|v| v.map(|v| stored_key(&gw.key_prefix, &config.name, &v)))
+            .map(|v| v.map(|v| StoredKey::new(&gw.key_prefix, &config.name, &v)))
     };
     drop(verdict); // the plaintext is not needed past here
     let key = match derived {
@@ -140,5 +140,15 @@ async fn keyed(
         return (None, result);
     };
     let req = dedup::Request { head, body, peer };
-    (Some(Arc::clone(&key)), dedup::process(gw, route, key, req).await)
+    match dedup::process(gw, route, &key, req) {
+        // Only the debug line would show this key: made shared just for it.
+        dedup::Start::Answered(answer) => (
+            tracing::enabled!(tracing::Level::DEBUG).then(|| key.shared()),
+            Ok(answer),
+        ),
+        dedup::Start::Running(shared, work) => {
+            drop(key); // back to the thread's buffer, not held while the work waits
+            (Some(shared), work.await)
+        }
+    }
 }

@@ -41,6 +41,7 @@ use crate::outcome::Outcome;
 use crate::proxy::{self, Peer, UpstreamError};
 use crate::routing::Route;
 use crate::store::{Claim, Marker, Store, StoreError, StoredResponse, Token, unix_ms};
+use key::StoredKey;
 use policy::{InFlight, Mode, OnStoreError};
 
 /// A request whose body has been read and whose key has been derived.
@@ -56,40 +57,52 @@ pub struct Answer {
     pub response: Response<Body>,
 }
 
+/// How a keyed request goes on from [`process`].
+pub enum Start<F> {
+    /// Answered at once: a duplicate of a completed message, found by a store that
+    /// answers without waiting. Nothing was kept, not even the key.
+    Answered(Answer),
+    /// The state machine's work, to be awaited, and the key it keeps.
+    Running(Arc<str>, F),
+}
+
 /// Runs one keyed request through the state machine.
 ///
 /// Everything from the claim on is a future that nobody can cancel (SPEC: a sender
 /// that hangs up, or resets its h2 stream, even while the claim is on its way to the
 /// store, must never leave a marker nobody owns nor cancel the upstream call). It runs
 /// in the request's own task while the sender waits, which costs no spawn and no
-/// wake-up of another task; if the handler is dropped first, [`Detached`] hands the
-/// unfinished work to a task of its own, where it carries on from where it was.
-pub async fn process(
+/// wake-up of another task; if the handler is dropped first (even before it polls it
+/// once), [`Detached`] hands the unfinished work to a task of its own, where it carries
+/// on from where it was.
+///
+/// A backend that claims without waiting (the memory store) is asked here, before
+/// anything is boxed or kept: nothing can cancel a call that does not yield, and a
+/// duplicate of a completed message is answered on the spot.
+pub fn process(
     gw: &Arc<Gateway>,
     route: &Arc<Route>,
-    key: Arc<str>,
+    key: &StoredKey,
     req: Request,
-) -> Result<Answer, GatewayError> {
+) -> Start<impl Future<Output = Result<Answer, GatewayError>> + Send + 'static> {
     let (token, first_seen_ms) = (Token::generate(), unix_ms());
     let policy = &route.config.policy;
-    // A backend that claims without waiting (the memory store) is asked here, in place:
-    // nothing can cancel a call that does not yield. A duplicate of a completed message
-    // is then answered without the state machine being boxed at all.
-    let first = claim_now(gw, &key, token, first_seen_ms, policy.processing_ttl);
+    let first = claim_now(gw, key.as_str(), token, first_seen_ms, policy.processing_ttl);
     if let Some(Ok(Claim::Found(marker @ Marker::Completed { response, .. }))) = &first
         && policy.mode == Mode::Enforce
     {
         count_age(route, marker, first_seen_ms);
-        return Ok(duplicate(route, response.as_deref()));
+        return Start::Answered(duplicate(route, response.as_deref()));
     }
+    let key = key.shared();
     let task = Task {
         gw: Arc::clone(gw),
         route: Arc::clone(route),
-        key,
+        key: Arc::clone(&key),
         token,
         first_seen_ms,
     };
-    Detached::new(&gw.tasks, task.run(req, first)).await
+    Start::Running(key, Detached::new(&gw.tasks, task.run(req, first)))
 }
 
 /// A future that outlives its caller: polled in place, and moved to a task of its own

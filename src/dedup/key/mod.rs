@@ -7,7 +7,7 @@ mod json;
 pub mod xml;
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -300,19 +300,30 @@ const MAX_PLAIN_LEN: usize = 128;
 /// `<prefix><route>:<value>`, with the value replaced by `sha256:<hex>` when it is long
 /// or holds bytes a store key should not (space, control, non-ASCII, or `{`/`}` which
 /// would let a sender choose a Redis Cluster slot).
-///
-/// Built in a reused per-thread buffer and returned shared: one allocation per request,
-/// and the owner task, the store and the log line all use the same key.
 pub fn stored_key(prefix: &str, route: &str, value: &str) -> Arc<str> {
-    thread_local! {
-        static BUF: RefCell<String> = const { RefCell::new(String::new()) };
-    }
-    let plain = value.len() <= MAX_PLAIN_LEN
-        && value
-            .bytes()
-            .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
-    BUF.with_borrow_mut(|key| {
+    StoredKey::new(prefix, route, value).shared()
+}
+
+/// A [`stored_key`] on the request path, written into a per-thread buffer that it holds
+/// until dropped (then the thread's next key reuses it). A request answered at once (a
+/// duplicate the memory store recognises) allocates nothing for its key; the owner
+/// task and a log line keep [`StoredKey::shared`], one allocation.
+pub struct StoredKey(String);
+
+thread_local! {
+    /// Empty while a [`StoredKey`] holds it: a key made meanwhile gets its own.
+    static BUF: Cell<String> = const { Cell::new(String::new()) };
+}
+
+impl StoredKey {
+    pub fn new(prefix: &str, route: &str, value: &str) -> Self {
+        let plain = value.len() <= MAX_PLAIN_LEN
+            && value
+                .bytes()
+                .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
+        let mut key = BUF.take();
         key.clear();
+        key.reserve(prefix.len() + route.len() + 1 + if plain { value.len() } else { 71 });
         key.push_str(prefix);
         key.push_str(route);
         key.push(':');
@@ -325,8 +336,24 @@ pub fn stored_key(prefix: &str, route: &str, value: &str) -> Arc<str> {
             key.push_str("sha256:");
             key.push_str(std::str::from_utf8(&hex).unwrap_or_default());
         }
-        Arc::from(key.as_str())
-    })
+        StoredKey(key)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key to keep beyond this request's own steps.
+    pub fn shared(&self) -> Arc<str> {
+        Arc::from(self.0.as_str())
+    }
+}
+
+impl Drop for StoredKey {
+    fn drop(&mut self) {
+        // `try_with`: a key dropped while its thread exits finds no buffer.
+        let _ = BUF.try_with(|buf| buf.set(std::mem::take(&mut self.0)));
+    }
 }
 
 #[cfg(test)]
@@ -468,6 +495,22 @@ mod tests {
         );
         assert!(Source::parse("header:").is_err());
         assert!(Source::parse("header:bad name").is_err());
+    }
+
+    #[test]
+    fn a_stored_key_reuses_its_threads_buffer_and_one_made_meanwhile_has_its_own() {
+        let first = StoredKey::new("dedup:", "bot", "m1");
+        let buffer = first.as_str().as_ptr();
+        // Made while the first holds the buffer: right all the same.
+        let meanwhile = StoredKey::new("dedup:", "bot", "m2");
+        assert_eq!((first.as_str(), meanwhile.as_str()), ("dedup:bot:m1", "dedup:bot:m2"));
+        drop(meanwhile);
+        drop(first);
+        // The next key on this thread is written where the first was: no allocation.
+        let next = StoredKey::new("dedup:", "bot", "m3");
+        assert_eq!(next.as_str(), "dedup:bot:m3");
+        assert_eq!(next.as_str().as_ptr(), buffer);
+        assert_eq!(&*next.shared(), "dedup:bot:m3");
     }
 
     #[test]

@@ -335,7 +335,11 @@ async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
             input.reserve(BUFFER);
         }
         tokio::select! {
-            () = shared.wake.notified() => {}
+            // Writes after one more turn of the runtime: the calls started by the
+            // I/O events it polls in that turn join this write, so Redis reads, and
+            // is woken for, fewer and larger batches (0.35 -> 0.23 reads per request
+            // at half duplicates, c=32). Waking is most of what a call costs Redis.
+            () = shared.wake.notified() => tokio::task::yield_now().await,
             room = wr.writable(), if written < output.len() => {
                 if let Err(e) = room {
                     return e;

@@ -297,6 +297,10 @@ impl KeySpec {
 /// The longest message id stored as written; longer ones are hashed.
 const MAX_PLAIN_LEN: usize = 128;
 
+/// What a hashed id is stored as: this prefix, then the SHA-256 digest in hex.
+const HASHED_PREFIX: &str = "sha256:";
+const HASHED_LEN: usize = HASHED_PREFIX.len() + 2 * 32;
+
 /// `<prefix><route>:<value>`, with the value replaced by `sha256:<hex>` when it is long
 /// or holds bytes a store key should not (space, control, non-ASCII, or `{`/`}` which
 /// would let a sender choose a Redis Cluster slot).
@@ -323,7 +327,7 @@ impl StoredKey {
                 .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
         let mut key = BUF.take();
         key.clear();
-        key.reserve(prefix.len() + route.len() + 1 + if plain { value.len() } else { 71 });
+        key.reserve(prefix.len() + route.len() + 1 + if plain { value.len() } else { HASHED_LEN });
         key.push_str(prefix);
         key.push_str(route);
         key.push(':');
@@ -333,7 +337,7 @@ impl StoredKey {
             let mut hex = [0u8; 64];
             // 32 digest bytes always fit 64 hex digits.
             let _ = hex::encode_to_slice(Sha256::digest(value.as_bytes()), &mut hex);
-            key.push_str("sha256:");
+            key.push_str(HASHED_PREFIX);
             key.push_str(std::str::from_utf8(&hex).unwrap_or_default());
         }
         StoredKey(key)

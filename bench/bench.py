@@ -246,13 +246,14 @@ admin_listen = "127.0.0.1:{admin}"
 {routes}"""
 
 
-def gateway(name, work, toml, admin, binary=GATEWAY):
+def gateway(name, work, toml, admin, binary=GATEWAY, wrapper=(), ready_within=20):
+    """Starts a gateway (under `wrapper`, e.g. valgrind, if given) and waits for /readyz."""
     path = os.path.join(work, f"{name}.toml")
     with open(path, "w") as f:
         f.write(toml)
     log = open(os.path.join(work, f"{name}.log"), "w")
-    proc = start(name, [binary, "--config", path, "--log-level", "warn"], log)
-    deadline = time.time() + 20
+    proc = start(name, [*wrapper, binary, "--config", path, "--log-level", "warn"], log)
+    deadline = time.time() + ready_within
     while time.time() < deadline:
         try:
             if http_get(f"http://127.0.0.1:{admin}/readyz").startswith("ready"):
@@ -265,8 +266,8 @@ def gateway(name, work, toml, admin, binary=GATEWAY):
 
 # ------------------------------------------------------------------ load
 
-def wrk(url, conns, seconds, args, script=os.path.join(BENCH, "post.lua")):
-    cmd = ["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", script, url, "--"] + args
+def wrk(url, conns, seconds, args, script=os.path.join(BENCH, "post.lua"), threads=2):
+    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", script, url, "--"] + args
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     m = re.search(r"BENCH (.*)", out)
     if not m:

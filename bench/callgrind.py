@@ -125,9 +125,11 @@ def read_profile(path, pattern):
 
 
 def report(opts, requests, profile, costs, callers):
+    if requests == 0:
+        sys.exit(f"wrk counted no requests: see the callgrind file {profile}")
     total = sum(costs.values())
     print(f"{os.path.basename(opts.binary)}, {opts.store} store, wrk c={opts.conns}, share {opts.share}: "
-          f"{requests} requests, {total // max(requests, 1):,} instructions per request")
+          f"{requests} requests, {total // requests:,} instructions per request")
     print(f"callgrind file: {profile}\n")
     print("instructions per request, own (not counting callees):")
     for fn, cost in costs.most_common(opts.top):

@@ -12,16 +12,30 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-/// A request or response body: buffered bytes, a stream from a peer, or a stream whose
-/// first chunks were already read (a `replay` response too large to store).
+use crate::client::Streaming;
+
+/// A request or response body: buffered bytes, a stream from a sender, an upstream
+/// response still arriving, or one whose first chunks were already read (a `replay`
+/// response too large to store).
 #[derive(Debug)]
 pub enum Body {
     Full(Option<Bytes>),
     Incoming(Incoming),
+    /// Boxed: only responses longer than what came with their head stream.
+    Upstream(Box<Streaming>),
     Prefixed {
         head: std::vec::IntoIter<Bytes>,
-        rest: Incoming,
+        rest: Box<Streaming>,
     },
+}
+
+/// Why a body broke: on the sender's side (hyper) or the upstream's ([`crate::client`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error(transparent)]
+    Sender(#[from] hyper::Error),
+    #[error("upstream body: {0}")]
+    Upstream(#[from] std::io::Error),
 }
 
 impl Body {
@@ -43,15 +57,16 @@ impl From<Incoming> for Body {
 
 impl http_body::Body for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Body::Incoming(incoming) => Pin::new(incoming).poll_frame(cx),
+            Body::Incoming(incoming) => from(Pin::new(incoming).poll_frame(cx)),
+            Body::Upstream(streaming) => from(Pin::new(&mut **streaming).poll_frame(cx)),
             Body::Prefixed { head, rest } => match head.next() {
                 Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
-                None => Pin::new(rest).poll_frame(cx),
+                None => from(Pin::new(&mut **rest).poll_frame(cx)),
             },
         }
     }
@@ -60,6 +75,7 @@ impl http_body::Body for Body {
         match self {
             Body::Full(bytes) => bytes.is_none(),
             Body::Incoming(incoming) => incoming.is_end_stream(),
+            Body::Upstream(streaming) => streaming.is_end_stream(),
             Body::Prefixed { head, rest } => head.len() == 0 && rest.is_end_stream(),
         }
     }
@@ -68,6 +84,7 @@ impl http_body::Body for Body {
         match self {
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Incoming(incoming) => incoming.size_hint(),
+            Body::Upstream(streaming) => streaming.size_hint(),
             Body::Prefixed { head, rest } => {
                 let buffered: u64 = head.as_slice().iter().map(|b| b.len() as u64).sum();
                 let rest = rest.size_hint();
@@ -80,6 +97,13 @@ impl http_body::Body for Body {
             }
         }
     }
+}
+
+/// A polled frame with its error made a [`BodyError`].
+fn from<E: Into<BodyError>>(
+    polled: Poll<Option<Result<Frame<Bytes>, E>>>,
+) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)))
 }
 
 /// Why a limited read ended without a body.
@@ -128,9 +152,16 @@ pub async fn read_limited(mut body: Incoming, limit: u64) -> Result<Bytes, ReadE
 /// one allocation of its own sized exactly (so it may be stored: nothing of the
 /// connection's read buffer stays pinned by it); `Ok(Err(body))` when it did not, with a
 /// body that still yields every byte.
-pub async fn read_up_to(mut body: Incoming, limit: usize) -> Result<Result<Bytes, Body>, hyper::Error> {
-    // Copied chunk by chunk as it arrives, so hyper reuses its read buffer rather than
-    // allocating a new one while earlier chunks are held.
+pub async fn read_up_to(body: Body, limit: usize) -> Result<Result<Bytes, Body>, std::io::Error> {
+    let mut body = match body {
+        // Read with its head: copied, so the stored bytes do not pin the read buffer.
+        Body::Full(Some(bytes)) if bytes.len() <= limit => return Ok(Ok(Bytes::copy_from_slice(&bytes))),
+        Body::Full(None) => return Ok(Ok(Bytes::new())),
+        Body::Upstream(streaming) => streaming,
+        other => return Ok(Err(other)),
+    };
+    // Copied chunk by chunk as it arrives, so the chunks (slices of the connection's
+    // read buffer) are let go at once and the buffer is reused.
     let mut bytes = Vec::with_capacity(usize::try_from(body.size_hint().lower()).unwrap_or(limit).min(limit));
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {

@@ -16,7 +16,8 @@
 //! - [`dedup`]: the state machine (claim -> forward -> complete | release), its
 //!   policies, and key extraction ([`dedup::key`]).
 //! - [`store`]: the `Store` contract and its backends.
-//! - [`proxy`]: the pooled upstream client and the request/response rewrite.
+//! - [`proxy`]: the upstream call and the request/response rewrite; [`pool`]: kept-alive
+//!   upstream connections per worker; [`client`]: HTTP/1.1 on one of them.
 //! - [`body`]: the body type and the limited read.
 //! - [`error`]: request-ending errors and their one mapping to an answer.
 //! - [`outcome`]: how a request ended (`x-dedup-status` and the metric label).
@@ -27,6 +28,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod client;
 pub mod config;
 pub mod conn;
 pub mod dedup;

@@ -1,30 +1,31 @@
-//! Upstream connections: hyper's own HTTP/1.1 client connections, kept alive per worker
-//! thread and per upstream. A connection is driven by a task on the runtime that
-//! opened it and is only used by that thread's requests, so no lock, no shared pool
-//! and no wake-up of another thread is on the path.
+//! Upstream connections, kept alive per worker thread and per upstream. A connection is
+//! written and read by the request that borrowed it ([`crate::client`]), and only by
+//! that thread's requests, so no lock, no shared pool, no task per connection and no
+//! wake-up of another thread is on the path. A connection is in the pool only while
+//! idle: a response body still arriving holds its connection and brings it back at its
+//! end.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use http::uri::Authority;
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use http::{Method, Request, Response};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::Body;
+use crate::client::{self, Conn, WriteFailure};
 
 /// An unused connection older than this is closed rather than reused (upstreams
 /// commonly close theirs after 60-75 s).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(55);
 /// A connection unused for this long is checked for a close from the upstream before
 /// it is reused. Servers close idle connections after a second or more, and the
-/// connection's task may not have run since that close arrived: a request written into
-/// it is lost to the upstream, and the sender gets a 502 for nothing. Connections in
-/// steady use are reused sooner and skip the check (a system call).
+/// runtime may not have seen that close arrive: a request written into it is lost to
+/// the upstream, and the sender gets a 502 for nothing. Connections in steady use are
+/// reused sooner and skip the check (a system call): for them, a close the runtime has
+/// seen is enough.
 pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -36,14 +37,7 @@ pub enum SendError {
     #[error("no connection to {0} within {CONNECT_TIMEOUT:?}")]
     ConnectTimeout(Authority),
     #[error("{0}")]
-    Http(#[source] hyper::Error),
-}
-
-/// An open connection: hyper's handle, and a second handle on its socket to look for
-/// the upstream's close without taking bytes from hyper.
-struct Conn {
-    sender: SendRequest<Body>,
-    probe: std::net::TcpStream,
+    Exchange(#[source] client::Error),
 }
 
 /// A connection back in the pool, with when it came back.
@@ -65,10 +59,10 @@ thread_local! {
 }
 
 /// Sends `request` (origin-form URI, Host set) to `authority` on a kept-alive
-/// connection, or a new one. A request that a reused connection refused before writing
-/// a byte of it (the upstream had closed it) is sent once more on another; once any of
-/// it was written it is never sent again: the upstream may have acted on it.
-pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<Response<Incoming>, SendError> {
+/// connection, or a new one. A request that a reused connection refused before a byte
+/// of it was written (the upstream had closed it) is sent once more on another; once
+/// any of it was written it is never sent again: the upstream may have acted on it.
+pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<Response<Body>, SendError> {
     loop {
         let (mut conn, reused) = match checkout(authority) {
             Some(conn) => (conn, true),
@@ -76,61 +70,47 @@ pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<R
             // to every forwarded request's.
             None => (Box::pin(connect(authority)).await?, false),
         };
-        match conn.sender.try_send_request(request).await {
-            Ok(response) => {
-                checkin(authority, conn);
-                return Ok(response);
-            }
-            Err(mut e) => match e.take_message() {
-                Some(unsent) if reused => request = unsent,
-                _ => return Err(SendError::Http(e.into_error())),
-            },
-        }
+        let head_request = request.method() == Method::HEAD;
+        let read = match conn.write_request(&mut request).await {
+            Ok(()) => conn.read_response(head_request, give_back).await,
+            Err(WriteFailure::Unsent(_)) if reused => continue,
+            Err(WriteFailure::Unsent(e)) => Err(e),
+            // The upstream stopped reading: it may have answered first.
+            Err(WriteFailure::Partial(e @ client::Error::Write(_))) => conn.read_response_after(head_request, e).await,
+            // The sender's body broke: the upstream is still waiting for the rest.
+            Err(WriteFailure::Partial(e)) => Err(e),
+        };
+        return read.map_err(SendError::Exchange);
     }
 }
 
-/// The most recently returned connection that can take a request now. Expired and
-/// closed ones are dropped on the way; busy ones (a response body still being read)
-/// stay.
+/// The most recently returned connection not known to be closed. Expired and closed
+/// ones are dropped on the way.
 fn checkout(authority: &Authority) -> Option<Conn> {
     let now = Instant::now();
     POOL.with_borrow_mut(|pool| {
         let idle = pool.idle(authority)?;
         expire(idle, now);
-        let mut i = idle.len();
-        while i > 0 {
-            i -= 1;
-            let entry = &idle[i];
-            if entry.conn.sender.is_closed() {
-                idle.remove(i);
-            } else if entry.conn.sender.is_ready() {
-                let entry = idle.remove(i)?;
-                if now.duration_since(entry.since) < PROBE_AFTER || entry.conn.still_open() {
-                    return Some(entry.conn);
-                }
+        while let Some(mut entry) = idle.pop_back() {
+            let open = if now.duration_since(entry.since) < PROBE_AFTER {
+                entry.conn.not_seen_closed()
+            } else {
+                entry.conn.still_open()
+            };
+            if open {
+                return Some(entry.conn);
             }
         }
         None
     })
 }
 
-impl Conn {
-    /// False if the upstream closed the connection (or sent something unasked, which
-    /// only a server about to close does): a peek at the socket, which leaves any bytes
-    /// where hyper will read them.
-    fn still_open(&self) -> bool {
-        match self.probe.peek(&mut [0u8; 1]) {
-            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
-            Ok(_) => false,
-        }
-    }
-}
-
-/// Returns a connection after its response head came; it can take the next request
-/// once the body has been read. The oldest, unused for [`IDLE_TIMEOUT`], are closed.
-fn checkin(authority: &Authority, conn: Conn) {
+/// Takes back a connection whose response was read to the end. The oldest, unused
+/// for [`IDLE_TIMEOUT`], are closed.
+fn give_back(conn: Conn) {
     let now = Instant::now();
     POOL.with_borrow_mut(|pool| {
+        let authority = conn.authority();
         let idle = match pool.idle(authority) {
             Some(idle) => idle,
             None => {
@@ -144,7 +124,6 @@ fn checkin(authority: &Authority, conn: Conn) {
 }
 
 /// Closes the connections unused for [`IDLE_TIMEOUT`] (the oldest are in front).
-/// Dropping a connection's sender closes it once its response, if any, is read.
 fn expire(idle: &mut VecDeque<Idle>, now: Instant) {
     while idle.front().is_some_and(|c| now.duration_since(c.since) > IDLE_TIMEOUT) {
         idle.pop_front();
@@ -177,10 +156,7 @@ fn start_sweeping() {
 /// (for tests, which must know a connection is reusable before they rely on it).
 #[doc(hidden)]
 pub fn ready_connections(authority: &Authority) -> usize {
-    POOL.with_borrow_mut(|pool| {
-        pool.idle(authority)
-            .map_or(0, |idle| idle.iter().filter(|c| c.conn.sender.is_ready()).count())
-    })
+    POOL.with_borrow_mut(|pool| pool.idle(authority).map_or(0, |idle| idle.len()))
 }
 
 impl Pool {
@@ -194,21 +170,15 @@ impl Pool {
     }
 }
 
-/// Opens a connection and starts the task that drives it.
+/// Opens a connection.
 async fn connect(authority: &Authority) -> Result<Conn, SendError> {
     let failed = |e| SendError::Connect(authority.clone(), e);
     let stream = open(authority).await?.into_std().map_err(failed)?;
     let probe = stream.try_clone().map_err(failed)?;
     let stream = TcpStream::from_std(stream).map_err(failed)?;
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(SendError::Http)?;
     start_sweeping();
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream connection ended with an error");
-        }
-    });
-    Ok(Conn { sender, probe })
+    Ok(Conn::new(authority.clone(), stream, probe))
 }
 
 /// Resolves the upstream's name (no lookup for an IP address) and tries its addresses

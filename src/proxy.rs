@@ -9,10 +9,9 @@ use futures_util::FutureExt as _;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::body::Body;
+use crate::body::{Body, BodyError};
 use crate::pool::{self, SendError};
 use crate::timer;
 
@@ -69,7 +68,7 @@ pub enum UpstreamError {
     #[error("invalid upstream request: {0}")]
     Request(#[from] http::Error),
     #[error("upstream response body broke: {0}")]
-    Body(#[source] hyper::Error),
+    Body(#[source] BodyError),
 }
 
 /// The upstream client: kept-alive connections per worker thread ([`pool`]).
@@ -91,7 +90,7 @@ impl Upstream {
         request: Request<Body>,
         started: Instant,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> + Send {
+    ) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + Send {
         let deadline = (started + timeout).into_std();
         timer::within(deadline, pool::send(authority, request)).map(move |sent| match sent {
             Some(Ok(response)) => Ok(response),
@@ -174,10 +173,9 @@ enum Host {
 }
 
 /// Prepares an upstream response for the sender: hop-by-hop headers removed.
-pub fn downstream_response(response: Response<Incoming>) -> Response<Body> {
-    let (mut head, body) = response.into_parts();
-    strip_hop_by_hop(&mut head.headers);
-    Response::from_parts(head, Body::Incoming(body))
+pub fn downstream_response(mut response: Response<Body>) -> Response<Body> {
+    strip_hop_by_hop(response.headers_mut());
+    response
 }
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

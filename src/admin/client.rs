@@ -31,7 +31,7 @@ pub enum ClientError {
     Body {
         url: String,
         #[source]
-        source: hyper::Error,
+        source: crate::body::BodyError,
     },
 }
 

@@ -397,7 +397,7 @@ pub fn send<'a>(
     body: Body,
     peer: Peer,
     started: Instant,
-) -> impl Future<Output = Result<Response<hyper::body::Incoming>, UpstreamError>> + Send + 'a {
+) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + Send + 'a {
     let request = proxy::upstream_request(head, body, &route.config.upstream, peer);
     let (authority, timeout) = (&route.config.upstream.authority, route.config.policy.upstream_timeout);
     gw.upstream

@@ -3,12 +3,11 @@
 //! hangs up never cancels the upstream call or leaves a stale marker behind.
 
 use http::Response;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::policy::OnUpstreamTimeout;
 use super::{Answer, Request, Task, answer, send, timed};
-use crate::body::{self, Body};
+use crate::body::{self, Body, BodyError};
 use crate::error::GatewayError;
 use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
@@ -71,7 +70,7 @@ impl Owner<'_> {
     /// The upstream did the work: mark COMPLETED (with the response for `replay`), then
     /// hand the response back. If marking fails the sender still gets the answer; the
     /// PROCESSING marker expires after `processing_ttl`.
-    async fn succeeded(&self, response: Response<Incoming>, deadline: Instant) -> Result<Answer, GatewayError> {
+    async fn succeeded(&self, response: Response<Body>, deadline: Instant) -> Result<Answer, GatewayError> {
         let response = proxy::downstream_response(response);
         if self.route.config.policy.replay {
             // Boxed: reading the body to store it makes a future three times the size
@@ -170,12 +169,9 @@ fn forwarded(error: UpstreamError) -> GatewayError {
 
 /// Reads up to [`MAX_STORED_BODY`] of a 2xx response to store it; a larger body is
 /// passed through whole and not stored (duplicates then get the duplicate answer).
-async fn capture(response: Response<Body>) -> Result<(Response<Body>, Option<StoredResponse>), hyper::Error> {
+async fn capture(response: Response<Body>) -> Result<(Response<Body>, Option<StoredResponse>), BodyError> {
     let (head, body) = response.into_parts();
-    let Body::Incoming(incoming) = body else {
-        return Ok((Response::from_parts(head, body), None));
-    };
-    Ok(match body::read_up_to(incoming, MAX_STORED_BODY).await? {
+    Ok(match body::read_up_to(body, MAX_STORED_BODY).await? {
         Ok(bytes) => {
             // One allocation, shared by the sender's answer and the store.
             let stored = StoredResponse::capture(&head, bytes);

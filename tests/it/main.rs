@@ -22,3 +22,4 @@ mod signing;
 mod store_contract;
 mod support;
 mod tls;
+mod upstream_wire;

@@ -27,7 +27,7 @@ fn request(authority: &Authority, body: &'static str) -> Request<Body> {
         .expect("request")
 }
 
-async fn read_body(response: http::Response<hyper::body::Incoming>) -> String {
+async fn read_body(response: http::Response<Body>) -> String {
     let bytes = within("the response body", response.into_body().collect())
         .await
         .expect("body")
@@ -36,7 +36,7 @@ async fn read_body(response: http::Response<hyper::body::Incoming>) -> String {
 }
 
 #[tokio::test]
-async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_sees_it() {
+async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_the_runtime_sees_it() {
     let (listener, authority) = raw_listener();
     let log: Log = Arc::default();
     let (close, closing) = mpsc::channel::<()>();
@@ -72,9 +72,9 @@ async fn an_idle_connection_the_upstream_closed_is_not_reused_even_before_hyper_
     // checks connections older than this before reusing them).
     tokio::time::sleep(pool::PROBE_AFTER + std::time::Duration::from_millis(50)).await;
     // The upstream closes it, and the FIN reaches our socket, but this thread does not
-    // yield: the connection's task has not seen it, so hyper still takes the connection
-    // as ready. Sent on it, the request would be written into a closed connection: lost
-    // to the upstream, 502 here.
+    // yield: the runtime has not seen it, so nothing but a look at the socket tells the
+    // connection is closed. Sent on it, the request would be written into a closed
+    // connection: lost to the upstream, 502 here.
     close.send(()).expect("signal");
     let (pool_end, upstream_end) = has_closed.recv().expect("closed");
     crate::support::await_close_delivered(pool_end, upstream_end);

@@ -27,6 +27,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
 use crate::body::{Body, BodyError};
+use crate::proxy;
 
 /// The most a response head may take: hyper's client's read buffer limit.
 const MAX_HEAD: usize = 8192 + 4096 * 100;
@@ -274,19 +275,29 @@ impl Conn {
                 .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
             let head = self.buf.split_to(len).freeze();
             let mut map = HeaderMap::with_capacity(count);
+            let mut hop = HopByHop::default();
             for &(name_at, name_len, value_at, value_len) in &lines[..count] {
                 let name = &head[name_at as usize..(name_at + name_len) as usize];
                 let name = HeaderName::from_bytes(name).map_err(|_| Error::Invalid("bad header name"))?;
                 let value = head.slice(value_at as usize..(value_at + value_len) as usize);
                 let value = HeaderValue::from_maybe_shared(value).map_err(|_| Error::Invalid("bad header value"))?;
-                map.append(name, value);
+                if proxy::is_hop_by_hop(&name) {
+                    hop.note(&name, value);
+                } else {
+                    map.append(name, value);
+                }
             }
-            let codings = last_value(&map, &header::TRANSFER_ENCODING);
+            for line in &hop.naming {
+                for name in proxy::other_names(line) {
+                    map.remove(name);
+                }
+            }
+            let codings = hop.codings.as_ref().map(HeaderValue::as_bytes);
             if version == Version::HTTP_10 && codings.is_some() {
                 return Err(Error::Invalid("transfer-encoding in an HTTP/1.0 response"));
             }
             let (framing, length_known) = body_framing(&map, codings, status, head_request)?;
-            let reusable = version == Version::HTTP_11 && length_known && !connection_close(&map);
+            let reusable = version == Version::HTTP_11 && length_known && !hop.close;
             if codings.is_some() {
                 // RFC 9112 section 6.3: the length is not what the sender will get.
                 map.remove(header::CONTENT_LENGTH);
@@ -436,17 +447,30 @@ fn body_framing(
     })
 }
 
-fn last_value<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a [u8]> {
-    headers.get_all(name).iter().next_back().map(HeaderValue::as_bytes)
+/// What a response's hop-by-hop fields say; they are read here and not passed on
+/// (RFC 9110 section 7.6.1), nor are the fields `Connection` names.
+#[derive(Default)]
+struct HopByHop {
+    /// `Connection: close`.
+    close: bool,
+    /// The last `Transfer-Encoding` line.
+    codings: Option<HeaderValue>,
+    /// `Connection` lines naming other fields (nearly always none).
+    naming: Vec<HeaderValue>,
 }
 
-fn connection_close(headers: &HeaderMap) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|value| {
-        value
-            .as_bytes()
-            .split(|&b| b == b',')
-            .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
-    })
+impl HopByHop {
+    fn note(&mut self, name: &HeaderName, value: HeaderValue) {
+        if name == header::TRANSFER_ENCODING {
+            self.codings = Some(value);
+        } else if name == header::CONNECTION {
+            let mut tokens = value.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii);
+            self.close |= tokens.any(|token| token.eq_ignore_ascii_case(b"close"));
+            if proxy::other_names(&value).next().is_some() {
+                self.naming.push(value);
+            }
+        }
+    }
 }
 
 fn parse_decimal(digits: &[u8]) -> Option<u64> {
@@ -788,8 +812,8 @@ mod tests {
             for (name, value) in fields {
                 map.append(*name, HeaderValue::from_static(value));
             }
-            let codings = last_value(&map, &header::TRANSFER_ENCODING);
-            let got = body_framing(&map, codings, status, head)
+            let codings = map.get_all(header::TRANSFER_ENCODING).iter().next_back();
+            let got = body_framing(&map, codings.map(HeaderValue::as_bytes), status, head)
                 .ok()
                 .map(|(f, reuse)| (format!("{f:?}"), reuse));
             assert_eq!(

@@ -172,12 +172,6 @@ enum Host {
     Missing,
 }
 
-/// Prepares an upstream response for the sender: hop-by-hop headers removed.
-pub fn downstream_response(mut response: Response<Body>) -> Response<Body> {
-    strip_hop_by_hop(response.headers_mut());
-    response
-}
-
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -199,6 +193,14 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// The lengths of the [`HOP_BY_HOP`] names, a bit each (a test holds them together).
 const HOP_BY_HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
+
+/// Whether `name` is one of the fixed hop-by-hop fields ([`HOP_BY_HOP`]).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    // A name of a length no hop-by-hop field has is none of them: one bit test instead
+    // of nine comparisons for most fields.
+    let len = name.as_str().len();
+    len < 32 && HOP_BY_HOP_LENGTHS & (1 << len) != 0 && HOP_BY_HOP.contains(name)
+}
 
 /// Removes hop-by-hop fields, including every field the `Connection` header names.
 /// Returns whether there were `Connection` lines (so fields they named are gone, too).
@@ -254,7 +256,8 @@ fn strip_connection_named(headers: &mut HeaderMap) {
 }
 
 /// The names a `Connection` line lists, other than the fixed hop-by-hop fields.
-fn other_names(line: &HeaderValue) -> impl Iterator<Item = &str> {
+/// The fields a `Connection` line names, besides the fixed hop-by-hop ones.
+pub(crate) fn other_names(line: &HeaderValue) -> impl Iterator<Item = &str> {
     line.to_str()
         .unwrap_or_default()
         .split(',')

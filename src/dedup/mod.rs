@@ -382,7 +382,7 @@ pub fn forward_unowned<'a>(
     outcome: Outcome,
 ) -> impl Future<Output = Result<Answer, GatewayError>> + Send + 'a {
     send(gw, route, head, body, peer, Instant::now()).map(move |sent| match sent {
-        Ok(response) => Ok(answer(outcome, proxy::downstream_response(response))),
+        Ok(response) => Ok(answer(outcome, response)),
         Err(error) => Err(GatewayError::Upstream { error, outcome }),
     })
 }

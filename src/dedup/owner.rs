@@ -11,7 +11,7 @@ use crate::body::{self, Body, BodyError};
 use crate::error::GatewayError;
 use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
-use crate::proxy::{self, UpstreamError};
+use crate::proxy::UpstreamError;
 use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse};
 use crate::timer;
 
@@ -35,7 +35,7 @@ pub(super) fn forward(task: &Task, req: Request) -> impl Future<Output = Result<
             Ok(response) if response.status().is_success() => owner.succeeded(response, deadline).await,
             Ok(response) => {
                 owner.release().await;
-                Ok(answer(Outcome::Forwarded, proxy::downstream_response(response)))
+                Ok(answer(Outcome::Forwarded, response))
             }
             Err(error) => {
                 let keep = matches!(error, UpstreamError::Timeout(_))
@@ -71,7 +71,6 @@ impl Owner<'_> {
     /// hand the response back. If marking fails the sender still gets the answer; the
     /// PROCESSING marker expires after `processing_ttl`.
     async fn succeeded(&self, response: Response<Body>, deadline: Instant) -> Result<Answer, GatewayError> {
-        let response = proxy::downstream_response(response);
         if self.route.config.policy.replay {
             // Boxed: reading the body to store it makes a future three times the size
             // of the rest of this one, and only `replay` routes need it.

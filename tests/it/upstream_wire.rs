@@ -97,7 +97,7 @@ async fn one_worker_gateway(url: &str, route: &str) -> TestGateway {
 #[tokio::test]
 async fn every_framing_reaches_the_sender_whole_and_only_delimited_ones_keep_the_connection() {
     // (what, the answer's pieces, the upstream closes after it, connection reused)
-    let cases: [(&str, Vec<Vec<u8>>, bool, bool); 7] = [
+    let cases: [(&str, Vec<Vec<u8>>, bool, bool); 8] = [
         (
             "content-length, head and body apart",
             pieces(&["HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n", "hello", " world"]),
@@ -129,6 +129,12 @@ async fn every_framing_reaches_the_sender_whole_and_only_delimited_ones_keep_the
                 "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
                 "b\r\nhello world\r\n0\r\n\r\n",
             ]),
+            false,
+            false,
+        ),
+        (
+            "bytes after the answer (not reused: they are nobody's)",
+            pieces(&["HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\nhello worldEXTRA"]),
             false,
             false,
         ),
@@ -344,4 +350,51 @@ async fn an_upstream_refusing_a_large_body_before_reading_it_is_heard() {
     let answer = read_until(&mut read, "too big").await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     sending.abort();
+}
+
+#[tokio::test]
+async fn a_head_answer_has_no_body_whatever_its_length_says() {
+    let (url, seen) = scripted(pieces(&["HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n"]), false);
+    let gw = one_worker_gateway(&url, "").await;
+    let client = gw.client();
+    for _ in 0..2 {
+        // Waiting for the 11 bytes a GET would get would time this out.
+        let r = client.send(Method::HEAD, "/hook", &[], "").await;
+        assert_eq!((r.status.as_u16(), r.dedup(), r.body.as_str()), (200, "bypass", ""));
+    }
+    let connections: Vec<usize> = seen.lock().expect("log").iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(connections, vec![1, 1], "read to its end: the connection is reused");
+}
+
+#[tokio::test]
+async fn hop_by_hop_fields_of_the_answer_stay_with_the_upstream() {
+    let answer = "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-secret\r\nx-secret: s\r\n\
+                  keep-alive: timeout=5\r\nproxy-authenticate: Basic\r\ntrailer: x-t\r\nx-kept: k\r\n\
+                  content-length: 2\r\n\r\nok";
+    let (url, seen) = scripted(pieces(&[answer]), false);
+    let gw = one_worker_gateway(&url, "").await;
+    let client = gw.client();
+    for id in ["hop-1", "hop-2"] {
+        let r = client.post("/hook", &msg(id)).await;
+        assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
+        assert_eq!(r.headers.get("x-kept").map(|v| v.as_bytes()), Some(&b"k"[..]));
+        for name in ["x-secret", "keep-alive", "proxy-authenticate", "trailer"] {
+            assert!(r.headers.get(name).is_none(), "{name} passed on: {:?}", r.headers);
+        }
+        let connection = r
+            .headers
+            .get_all("connection")
+            .iter()
+            .map(|v| v.as_bytes().to_vec())
+            .collect::<Vec<_>>();
+        assert!(
+            connection
+                .iter()
+                .all(|v| !String::from_utf8_lossy(v).contains("x-secret")),
+            "{connection:?}"
+        );
+    }
+    // `keep-alive` named in Connection is the usual token, not a close: reused.
+    let connections: Vec<usize> = seen.lock().expect("log").iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(connections, vec![1, 1]);
 }

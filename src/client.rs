@@ -42,6 +42,8 @@ const MAX_TRAILERS: usize = 16 * 1024;
 const READ_ROOM: usize = 8 * 1024;
 /// A request body up to this size is copied behind its head and written with it.
 const COALESCE: usize = 16 * 1024;
+/// The most room for the request kept by a connection between requests.
+const KEPT_OUT: usize = 4 * 1024;
 
 /// Why an exchange on a connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -118,18 +120,24 @@ impl Conn {
     pub async fn write_request(&mut self, request: &mut Request<Body>) -> Result<(), WriteFailure> {
         let framing = request_framing(request);
         encode_head(&mut self.out, request, framing);
-        if let Body::Full(Some(bytes)) = request.body()
+        let written = if let Body::Full(Some(bytes)) = request.body()
             && bytes.len() <= COALESCE
         {
             self.out.extend_from_slice(bytes);
-            return write_first(&mut self.stream, &self.out).await;
+            write_first(&mut self.stream, &self.out).await
+        } else {
+            match write_first(&mut self.stream, &self.out).await {
+                Ok(()) => self
+                    .write_body(request.body_mut(), framing)
+                    .await
+                    .map_err(WriteFailure::Partial),
+                unsent => unsent,
+            }
+        };
+        if self.out.capacity() > KEPT_OUT {
+            self.out = Vec::new(); // a large body's room is not kept by an idle connection
         }
-        write_first(&mut self.stream, &self.out).await?;
-        let written = self.write_body(request.body_mut(), framing).await;
-        if self.out.capacity() > COALESCE {
-            self.out = Vec::new(); // not kept for the life of an idle connection
-        }
-        written.map_err(WriteFailure::Partial)
+        written
     }
 
     async fn write_body(&mut self, body: &mut Body, framing: Framing) -> Result<(), Error> {

@@ -66,6 +66,10 @@ pub enum WriteFailure {
     Unsent(Error),
     /// Some of it may have reached the upstream: it must not be sent again.
     Partial(Error),
+    /// The upstream began its final answer before the body was all written (a 413 for
+    /// a body it will not read): writing stopped, the answer is the one to pass on, and
+    /// the connection is not reused.
+    Answered,
 }
 
 /// One open connection to an upstream, between exchanges: its read buffer is empty.
@@ -127,10 +131,7 @@ impl Conn {
             write_first(&mut self.stream, &self.out).await
         } else {
             match write_first(&mut self.stream, &self.out).await {
-                Ok(()) => self
-                    .write_body(request.body_mut(), framing)
-                    .await
-                    .map_err(WriteFailure::Partial),
+                Ok(()) => self.write_body_unless_answered(request.body_mut(), framing).await,
                 unsent => unsent,
             }
         };
@@ -140,30 +141,17 @@ impl Conn {
         written
     }
 
-    async fn write_body(&mut self, body: &mut Body, framing: Framing) -> Result<(), Error> {
-        let chunked = matches!(framing, Framing::Chunked);
-        while let Some(frame) = body.frame().await {
-            let Ok(data) = frame.map_err(Error::RequestBody)?.into_data() else {
-                continue; // trailers are not forwarded
-            };
-            if data.is_empty() {
-                continue;
-            }
-            if chunked {
-                // One write per chunk: its size line, data and CRLF together.
-                self.out.clear();
-                self.out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-                self.out.extend_from_slice(&data);
-                self.out.extend_from_slice(b"\r\n");
-                self.stream.write_all(&self.out).await.map_err(Error::Write)?;
-            } else {
-                self.stream.write_all(&data).await.map_err(Error::Write)?;
-            }
+    /// Writes the body, unless the upstream's final answer begins to arrive first:
+    /// then writing stops, as an upstream that answered may never read the rest.
+    async fn write_body_unless_answered(&mut self, body: &mut Body, framing: Framing) -> Result<(), WriteFailure> {
+        let (mut read, mut write) = self.stream.split();
+        tokio::select! {
+            // The write first: a body all written is a request whose answer may
+            // already be in.
+            biased;
+            written = write_body(&mut write, &mut self.out, body, framing) => written.map_err(WriteFailure::Partial),
+            () = answer_begins(&mut read, &mut self.buf) => Err(WriteFailure::Answered),
         }
-        if chunked {
-            self.stream.write_all(b"0\r\n\r\n").await.map_err(Error::Write)?;
-        }
-        Ok(())
     }
 
     /// Reads the response to a request just written. A body that was read with the
@@ -340,6 +328,73 @@ impl Conn {
 
 /// Where a connection goes when its response was read to the end.
 pub type Reuse = fn(Conn);
+
+/// Writes a request body; a body with no announced length goes out chunked.
+async fn write_body(
+    stream: &mut tokio::net::tcp::WriteHalf<'_>,
+    out: &mut Vec<u8>,
+    body: &mut Body,
+    framing: Framing,
+) -> Result<(), Error> {
+    let chunked = matches!(framing, Framing::Chunked);
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(Error::RequestBody)?.into_data() else {
+            continue; // trailers are not forwarded
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if chunked {
+            // One write per chunk: its size line, data and CRLF together.
+            out.clear();
+            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            out.extend_from_slice(&data);
+            out.extend_from_slice(b"\r\n");
+            stream.write_all(out).await.map_err(Error::Write)?;
+        } else {
+            stream.write_all(&data).await.map_err(Error::Write)?;
+        }
+    }
+    if chunked {
+        stream.write_all(b"0\r\n\r\n").await.map_err(Error::Write)?;
+    }
+    Ok(())
+}
+
+/// Ends once the upstream's final answer has begun to arrive in `buf`, or the
+/// connection ended. Interim 1xx answers (a `100 Continue`) do not count; they stay in
+/// `buf` for the response's reader to skip.
+async fn answer_begins(read: &mut tokio::net::tcp::ReadHalf<'_>, buf: &mut BytesMut) {
+    loop {
+        // Unbounded interim answers would fill memory: the reader refuses what is over.
+        if buf.len() >= MAX_HEAD || final_answer_begun(buf) || read.readable().await.is_err() {
+            return;
+        }
+        match read.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Ok(0) | Err(_) => return, // what came is read as the answer, or its absence
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Whether `buf` holds the start of a final answer (or of something that is no
+/// answer at all, which the response's reader refuses), past any complete 1xx ones.
+fn final_answer_begun(buf: &[u8]) -> bool {
+    let mut at = 0;
+    loop {
+        let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let status =
+            httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, &buf[at..], &mut headers);
+        match (status, parsed.code) {
+            (Err(_), _) => return true,
+            (_, Some(code)) if !(100..200).contains(&code) || code == 101 => return true,
+            (Ok(httparse::Status::Complete(len)), Some(_)) => at += len,
+            _ => return false, // not all in yet
+        }
+    }
+}
 
 /// Writes `bytes`, telling a failure before any byte went out from one after.
 async fn write_first(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), WriteFailure> {

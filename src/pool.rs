@@ -79,6 +79,7 @@ pub async fn send(authority: &Authority, mut request: Request<Body>) -> Result<R
             Err(WriteFailure::Partial(e @ client::Error::Write(_))) => conn.read_response_after(head_request, e).await,
             // The sender's body broke: the upstream is still waiting for the rest.
             Err(WriteFailure::Partial(e)) => Err(e),
+            Err(WriteFailure::Answered) => conn.read_response_after(head_request, client::Error::Closed).await,
         };
         return read.map_err(SendError::Exchange);
     }

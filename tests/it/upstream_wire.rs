@@ -398,3 +398,79 @@ async fn hop_by_hop_fields_of_the_answer_stay_with_the_upstream() {
     let connections: Vec<usize> = seen.lock().expect("log").iter().map(|(n, _, _)| *n).collect();
     assert_eq!(connections, vec![1, 1]);
 }
+
+/// An upstream that reads a request's head, then answers with `answer` and, if
+/// `drain`, reads the body to its end (else holds the connection open, reading
+/// nothing more, until the test ends). Returns its URL and the bodies it read whole.
+fn early_answering(answer: &'static str, drain: bool) -> (String, Arc<Mutex<Vec<usize>>>) {
+    let (listener, authority) = raw_listener();
+    let drained: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let log = Arc::clone(&drained);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut length = 0usize;
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().expect("length");
+                }
+                line.clear();
+            }
+            stream.write_all(answer.as_bytes()).expect("answer");
+            if drain {
+                let mut body = vec![0u8; length];
+                reader.read_exact(&mut body).expect("body");
+                log.lock().expect("log").push(body.len());
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone")
+                    .expect("final");
+            }
+            std::mem::forget(stream); // open, unread, to the end of the test
+        }
+    });
+    (format!("http://{authority}"), drained)
+}
+
+/// Sends a bypassed DELETE with a body of `size` bytes (written by a task of its own)
+/// and returns the gateway's answer, read up to the end of `until`.
+async fn delete_with_body(gw: &TestGateway, size: usize, until: &str) -> String {
+    let head = format!("DELETE /hook HTTP/1.1\r\nhost: bot\r\ncontent-length: {size}\r\n\r\n");
+    let stream = tokio::net::TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    let sending = tokio::spawn(async move {
+        write.write_all(head.as_bytes()).await?;
+        write.write_all(&vec![b'x'; size]).await
+    });
+    let answer = read_until(&mut read, until).await;
+    sending.abort();
+    answer
+}
+
+#[tokio::test]
+async fn an_upstream_answering_early_and_reading_no_more_is_heard_at_once() {
+    // 16 MiB: more than the socket buffers take, so the gateway's write would wait on
+    // an upstream that reads nothing more until upstream_timeout (25 s by default,
+    // longer than the test waits).
+    let (url, _) = early_answering(
+        "HTTP/1.1 413 Payload Too Large\r\ncontent-length: 7\r\n\r\ntoo big",
+        false,
+    );
+    let gw = one_worker_gateway(&url, "").await;
+    let answer = delete_with_body(&gw, 16 << 20, "too big").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_interim_100_does_not_stop_the_body() {
+    let (url, drained) = early_answering("HTTP/1.1 100 Continue\r\n\r\n", true);
+    let gw = one_worker_gateway(&url, "").await;
+    let answer = delete_with_body(&gw, 4 << 20, "done").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(
+        drained.lock().expect("log").clone(),
+        vec![4 << 20],
+        "the whole body reached the upstream"
+    );
+}

@@ -194,7 +194,8 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// The lengths of the [`HOP_BY_HOP`] names, a bit each (a test holds them together).
 const HOP_BY_HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
 
-/// Whether `name` is one of the fixed hop-by-hop fields ([`HOP_BY_HOP`]).
+/// Whether `name` is one of the fixed hop-by-hop fields (RFC 9110 section 7.6.1, and
+/// `Upgrade`).
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     // A name of a length no hop-by-hop field has is none of them: one bit test instead
     // of nine comparisons for most fields.

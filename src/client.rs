@@ -166,7 +166,8 @@ impl Conn {
     /// stopped reading (a 413 for a body it did not want). That answer, if it came, is
     /// the one to pass on; else the write's failure. The connection is not reused.
     pub async fn read_response_after(self, head_request: bool, failed: Error) -> Result<Response<Body>, Error> {
-        self.read_response_or(head_request, |_| {}, Some(failed)).await
+        // A connection whose request broke off is closed, never reused: it is dropped here.
+        self.read_response_or(head_request, |_closed| {}, Some(failed)).await
     }
 
     async fn read_response_or(
@@ -175,7 +176,6 @@ impl Conn {
         reuse: Reuse,
         mut failed: Option<Error>,
     ) -> Result<Response<Body>, Error> {
-        let reusable_after = failed.is_none();
         let (response, framing, reusable) = loop {
             if let Some(head) = self.parse_head(head_request)? {
                 break head;
@@ -191,7 +191,6 @@ impl Conn {
                 Err(e) => return Err(failed.take().unwrap_or(Error::Read(e))),
             }
         };
-        let reusable = reusable && reusable_after;
         let body = match framing {
             BodyFraming::Length(n) if self.buf.len() as u64 >= n => {
                 // `n` fits: it is at most the buffer's length.

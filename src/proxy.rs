@@ -197,10 +197,18 @@ const HOP_BY_HOP_LENGTHS: u32 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 
 /// Whether `name` is one of the fixed hop-by-hop fields (RFC 9110 section 7.6.1, and
 /// `Upgrade`).
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    hop_by_hop_index(name).is_some()
+}
+
+/// Where `name` is in [`HOP_BY_HOP`], if it is there.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     // A name of a length no hop-by-hop field has is none of them: one bit test instead
     // of nine comparisons for most fields.
     let len = name.as_str().len();
-    len < 32 && HOP_BY_HOP_LENGTHS & (1 << len) != 0 && HOP_BY_HOP.contains(name)
+    if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
+        return None;
+    }
+    HOP_BY_HOP.iter().position(|fixed| fixed == name)
 }
 
 /// Removes hop-by-hop fields, including every field the `Connection` header names.
@@ -211,13 +219,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // costs a removal per field it has rather than a lookup per field there could be.
     let mut present = 0u16;
     for name in headers.keys() {
-        // A name of a length no hop-by-hop field has is none of them: one bit test
-        // instead of nine comparisons for most fields.
-        let len = name.as_str().len();
-        if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
-            continue;
-        }
-        if let Some(i) = HOP_BY_HOP.iter().position(|fixed| fixed == name) {
+        if let Some(i) = hop_by_hop_index(name) {
             present |= 1 << i;
         }
     }

@@ -19,13 +19,18 @@ Contestants (every one in front of the same trivial upstream, an nginx answering
 Rounds are interleaved (round 1 runs every scenario and contestant, then round 2...),
 so drift of the machine hits every contestant alike; ratios are taken within a round
 and the median of the rounds is reported. CPU time per request comes from /proc
-(utime + stime of the contestant's processes over the run). At the end, the upstream's
-log of request bodies is checked: no id sent to a dedup contestant reached it twice.
+(utime + stime of the contestant's processes over the run), and for the rows at the
+trivial upstream it is also given for every process of the row (the proxy's user and
+system time, the upstream, Redis, wrk): on shared cores their sum sets the throughput,
+and the run ends with the gateway CPU per request each missed ratio target would need.
+At the end, the upstream's log of request bodies is checked: no id sent to a dedup
+contestant reached it twice.
 """
 
 import argparse
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -73,17 +78,23 @@ def children(pid):
     return found
 
 
-def cpu_seconds(proc):
-    """utime + stime of a process and its children (nginx master + workers)."""
-    total = 0
+def cpu_split(proc):
+    """(utime, stime) in seconds of a process and its children (nginx master + workers)."""
+    user = system = 0
     for pid in [proc.pid] + children(proc.pid):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            user += int(fields[11])
+            system += int(fields[12])
         except (OSError, IndexError, ValueError):
             pass
-    return total / TICK
+    return user / TICK, system / TICK
+
+
+def cpu_seconds(proc):
+    """utime + stime of a process and its children."""
+    return sum(cpu_split(proc))
 
 
 def rss_bytes(pid, field="VmRSS"):
@@ -268,24 +279,35 @@ def gateway(name, work, toml, admin, binary=GATEWAY, wrapper=(), ready_within=20
 
 def wrk(url, conns, seconds, args, script=os.path.join(BENCH, "post.lua"), threads=2):
     cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", script, url, "--"] + args
+    # wrk's own CPU: the only child reaped during the run (the servers run on).
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     m = re.search(r"BENCH (.*)", out)
     if not m:
         sys.exit(f"wrk printed no summary:\n{out}")
     r = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    r["wrk_us"] = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e6 / max(r["requests"], 1)
     return r
 
 
-def measure(procs, url, conns, seconds, args, script=os.path.join(BENCH, "post.lua"), store=None):
-    """One wrk run: its summary, with the CPU per request of `procs` (and, as
-    store_us, of the store's `store` process, if the contestant has one)."""
-    before = sum(cpu_seconds(p) for p in procs)
+def measure(procs, url, conns, seconds, args, script=os.path.join(BENCH, "post.lua"), store=None, upstream=None):
+    """One wrk run: its summary, with the CPU per request of `procs` (cpu_us, split
+    into user_us and system_us), of the store's `store` process (store_us, if the
+    contestant has one), of the `upstream` (upstream_us, if given) and of wrk (wrk_us)."""
+    def split():
+        return [sum(x) for x in zip(*(cpu_split(p) for p in procs))]
+
+    before = split()
     store_before = cpu_seconds(store) if store else 0.0
+    upstream_before = cpu_seconds(upstream) if upstream else 0.0
     r = wrk(url, conns, seconds, args, script)
     per_request = 1e6 / max(r["requests"], 1)
-    r["cpu_us"] = (sum(cpu_seconds(p) for p in procs) - before) * per_request
+    r["user_us"], r["system_us"] = ((a - b) * per_request for a, b in zip(split(), before))
+    r["cpu_us"] = r["user_us"] + r["system_us"]
     r["store_us"] = (cpu_seconds(store) - store_before) * per_request if store else None
+    r["upstream_us"] = (cpu_seconds(upstream) - upstream_before) * per_request if upstream else None
     return r
 
 
@@ -385,7 +407,7 @@ def run(opts, work, p):
                     route = "/"
                 prefix = f"s{si}r{rnd}{re.sub('[^a-z]', '', c.lower())}"
                 r = measure(procs, f"http://127.0.0.1:{port}{route}", conns, opts.seconds, [prefix, str(share)],
-                            store=store)
+                            store=store, upstream=None if c == "direct" else upstream)
                 results.setdefault((name, c), []).append(r)
                 if c.startswith("gw") or c == "nginx-lua":
                     dedup_runs.append((prefix, c))
@@ -611,6 +633,64 @@ def targets(scenarios, results, memory):
     print("\n".join(rows))
 
 
+def cpu_bound(path):
+    """Whether a scenario is bound by CPU: the trivial upstream's rows, not the 50 ms one's."""
+    return path == "/hook"
+
+
+def budget(scenarios, results):
+    """Every process's CPU per request in the CPU-bound rows (medians of the rounds):
+    with wrk, the upstream, the proxy and Redis sharing the cores, throughput is about
+    the cores' time over the sum, so this shows what each part of a row costs."""
+    med = statistics.median
+    cores = os.cpu_count()
+    print("\n## Where the CPU goes (µs per request, every process, median of the rounds)\n")
+    print(f"The req/s {cores} busy cores would give at that sum, next to the req/s measured: where they are close, "
+          "the row is bound by CPU alone, and a µs saved anywhere is throughput.\n")
+    print("| scenario | contestant | proxy user | proxy system | upstream | Redis | wrk | sum | req/s at the sum "
+          "| req/s measured |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, path, _, _, names in scenarios:
+        if not cpu_bound(path):
+            continue
+        for c in (n for n in names if n != "direct"):
+            rs = results[(name, c)]
+            parts = [med(r[k] or 0.0 for r in rs) for k in ("user_us", "system_us", "upstream_us", "store_us", "wrk_us")]
+            store = f"{parts[3]:.1f}" if rs[0]["store_us"] is not None else ""
+            total = sum(parts)
+            print(f"| {name} | {c} | {parts[0]:.1f} | {parts[1]:.1f} | {parts[2]:.1f} | {store} | {parts[4]:.1f} | "
+                  f"{total:.1f} | {cores * 1e6 / total:,.0f} | {med(r['rps'] for r in rs):,.0f} |")
+
+
+def cpu_sum(results, scenario, c):
+    """The median over the rounds of every process's CPU per request in a row."""
+    keys = ("cpu_us", "upstream_us", "store_us", "wrk_us")
+    return statistics.median(sum(r[k] or 0.0 for k in keys) for r in results[(scenario, c)])
+
+
+def needs(scenarios, results):
+    """For each ratio target missed in a CPU-bound row: the proxy CPU per request at
+    which the row's CPU sum would be nginx's over the target ratio, every other process
+    costing what it cost here."""
+    med = statistics.median
+    paths = {name: path for name, path, *_ in scenarios}
+    lines = []
+    for scenario, c, least in RATIO_TARGETS:
+        if scenario not in paths or (scenario, c) not in results or not cpu_bound(paths[scenario]):
+            continue
+        if med(round_ratios(results, scenario, c)) >= least:
+            continue
+        rs = results[(scenario, c)]
+        mine = med(r["cpu_us"] for r in rs)
+        allowed = cpu_sum(results, scenario, "nginx") / least - (cpu_sum(results, scenario, c) - mine)
+        lines.append(f"- {c}, {scenario}, >= {least}x: the gateway at <= {allowed:.1f} µs per request; it used "
+                     f"{mine:.1f}, {med(r['user_us'] for r in rs):.1f} user and {med(r['system_us'] for r in rs):.1f} "
+                     f"system (nginx {med(r['cpu_us'] for r in results[(scenario, 'nginx')]):.1f})")
+    if lines:
+        print("\nWhat each missed ratio target needs, on the CPU sums above (the other processes as measured):\n")
+        print("\n".join(lines))
+
+
 def report(scenarios, results, senders, memory, doubled):
     med = statistics.median
     print("\n## Throughput, latency and CPU (median of the rounds; ratio to nginx within each round)\n")
@@ -658,7 +738,9 @@ def report(scenarios, results, senders, memory, doubled):
               f"{memory['ratio']:.2f}x, median of the pairs' ratios "
               f"({', '.join(f'{r:.2f}' for r in memory['ratios'])}); "
               f"medians {memory['empty_rps']:,.0f} req/s empty, {memory['full_rps']:,.0f} req/s full")
+    budget(scenarios, results)
     targets(scenarios, results, memory)
+    needs(scenarios, results)
     print("\n## Exactly once\n")
     bad = {c: n for c, n in doubled.items() if n and c != "nginx-lua"}
     for c, n in sorted(doubled.items()):

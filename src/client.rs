@@ -213,8 +213,9 @@ impl Conn {
     /// `None` if it is not all in yet.
     fn parse_head(&mut self, head_request: bool) -> Result<Option<(Response<()>, BodyFraming, bool)>, Error> {
         loop {
-            // Offsets into the buffer: the values become slices of it once it is frozen.
-            let mut lines = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+            if self.buf.is_empty() {
+                return Ok(None); // nothing read yet: the usual first look
+            }
             // Uninitialised: httparse fills what it uses (100 headers written up front
             // cost more than the parse of a short head).
             let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -243,6 +244,8 @@ impl Conn {
                 continue;
             }
             let status = StatusCode::from_u16(code).map_err(|_| Error::Invalid("bad status code"))?;
+            // Offsets into the buffer: the values become slices of it once it is frozen.
+            let mut lines = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
             let base = self.buf.as_ptr() as usize;
             let count = parsed.headers.len();
             // httparse's slices lie within the buffer (an empty value too); checked

@@ -8,7 +8,7 @@ use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{Cfg, Client, TestGateway, Upstream, msg, raw_listener, read_raw_request, within};
+use crate::support::{Cfg, Client, TestGateway, Upstream, chunked, msg, raw_listener, read_raw_request, within};
 
 /// Writes raw bytes, sends nothing more, and reads everything the gateway answers
 /// until it closes the connection (which it must, for the test to finish).
@@ -115,13 +115,8 @@ async fn bodies_over_max_body_get_413_whether_sized_or_chunked() {
     assert_eq!((r.status.as_u16(), r.dedup()), (413, "too-large"));
     assert_eq!(r.headers["connection"], "close");
 
-    let mut chunked = b"POST /hook HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
-    for chunk in big.as_bytes().chunks(300) {
-        chunked.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-        chunked.extend_from_slice(chunk);
-        chunked.extend_from_slice(b"\r\n");
-    }
-    chunked.extend_from_slice(b"0\r\n\r\n");
+    let head = b"POST /hook HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let chunked = chunked(head, big.as_bytes(), 300);
     let answer = raw(gw.addr, &chunked).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("x-dedup-status: too-large"), "{answer}");

@@ -475,6 +475,18 @@ pub fn msg(id: &str) -> String {
     format!("{{\"msgId\":\"{id}\",\"content\":\"hello\"}}")
 }
 
+/// `body` in HTTP/1.1 chunked coding, in chunks of at most `size` bytes, with the last
+/// chunk: appended to `head`, for requests and answers written by hand.
+pub fn chunked(mut head: Vec<u8>, body: &[u8], size: usize) -> Vec<u8> {
+    for chunk in body.chunks(size) {
+        head.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        head.extend_from_slice(chunk);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"0\r\n\r\n");
+    head
+}
+
 // ---------------------------------------------------------------- raw upstreams
 
 /// A blocking listener on a free loopback port, for upstreams that must act at exact

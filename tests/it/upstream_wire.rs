@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{Cfg, TestGateway, msg, raw_listener, within};
+use crate::support::{Cfg, TestGateway, chunked, msg, raw_listener, within};
 
 /// One request as a raw upstream read it: (connection number from 1, head, body with
 /// any chunked framing undone).
@@ -218,13 +218,8 @@ async fn a_malformed_answer_is_502_and_the_senders_retry_is_forwarded() {
 async fn replay_stores_a_chunked_reply_and_passes_a_larger_one_through_unstored() {
     // 200 KiB in chunks of 10,000 bytes, over the 64 KiB a stored reply may have.
     let large: String = (0..200 * 1024).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
-    let mut chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
-    for piece in large.as_bytes().chunks(10_000) {
-        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
-        chunked.extend_from_slice(piece);
-        chunked.extend_from_slice(b"\r\n");
-    }
-    chunked.extend_from_slice(b"0\r\n\r\n");
+    let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    let chunked = chunked(head, large.as_bytes(), 10_000);
     let small = pieces(&[
         "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
         "7\r\nstored!\r\n0\r\n\r\n",

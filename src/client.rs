@@ -538,13 +538,11 @@ impl HopByHop {
     }
 }
 
+/// A response's Content-Length: the request guard's digit rule, at most 19 digits.
 fn parse_decimal(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 19 {
-        return None;
-    }
-    digits
-        .iter()
-        .try_fold(0u64, |n, &d| d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0')))
+    (digits.len() <= 19)
+        .then(|| crate::framing::from_digits(digits))
+        .flatten()
 }
 
 /// Where a chunked body's decoder stands.

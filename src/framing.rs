@@ -618,7 +618,7 @@ fn trim(mut s: &[u8]) -> &[u8] {
 }
 
 /// hyper's `headers::from_digits`: one or more ASCII digits, no sign, no overflow.
-fn from_digits(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn from_digits(bytes: &[u8]) -> Option<u64> {
     if bytes.is_empty() {
         return None;
     }

@@ -175,7 +175,15 @@ const TEXT: &str = "text/plain; charset=utf-8";
 pub static PRESETS: &[Preset] = &[
     Preset {
         name: "wechat-mp",
-        key: &["xml:MsgId", "xml:MsgID", "xml:FromUserName+xml:CreateTime"],
+        // The account's data format is XML or JSON; the same fields either way.
+        key: &[
+            "xml:MsgId",
+            "xml:MsgID",
+            "xml:FromUserName+xml:CreateTime",
+            "json:/MsgId",
+            "json:/MsgID",
+            "json:/FromUserName+json:/CreateTime",
+        ],
         ack: ack(200, "success", TEXT),
         completed_ttl: secs(HOUR),
         in_flight_wait: secs(4),

@@ -6,9 +6,13 @@
 //! - AES key = base64(EncodingAESKey + "="), 32 bytes; IV = key[0..16]; PKCS#7 padding
 //!   to 32-byte blocks; plaintext = random(16) + msg_len (u32, big endian) + msg +
 //!   appid (WeChat) / corpid (WeCom).
+//! - A WeChat account chooses XML or JSON as its data format: the outer body is
+//!   `<xml>..<Encrypt>..</Encrypt></xml>` or `{"ToUserName":..,"Encrypt":..}`, and the
+//!   plaintext is in the same format.
 //!
 //! No timestamp window: neither sender documents one and their SDKs check none.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use aes::Aes256;
@@ -19,8 +23,8 @@ use sha1::{Digest, Sha1};
 
 use super::{CredentialProblem, Credentials, Delivery, Failure, Field, LENIENT_B64, Plaintext, Rejection, Verdict};
 use super::{Secret, ct_eq, unhex};
-use crate::dedup::key::Refused;
 use crate::dedup::key::xml::{self, Found, XmlError, XmlPath};
+use crate::dedup::key::{Pointer, Refused};
 
 /// Which of the two senders a route serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,8 +40,10 @@ pub(crate) struct Keys {
     token: Option<Secret>,
     aes: Option<MessageCipher>,
     app_id: Option<Box<str>>,
-    /// `Encrypt`, the element of the outer XML that holds the ciphertext.
+    /// `Encrypt`, the element of an outer XML body that holds the ciphertext.
     encrypt: [XmlPath; 1],
+    /// `/Encrypt`, the same member of an outer JSON body.
+    encrypt_json: Pointer,
 }
 
 impl Keys {
@@ -62,12 +68,13 @@ impl Keys {
                 "only checked inside decrypted messages: set aes_key too",
             )]);
         }
-        let encrypt = XmlPath::parse("Encrypt").map_err(|e| vec![CredentialProblem::new(Field::AesKey, e)])?;
+        let problem = |e| vec![CredentialProblem::new(Field::AesKey, e)];
         Ok(Keys {
             token: creds.secret,
             aes,
             app_id: creds.app_id.map(Into::into),
-            encrypt: [encrypt],
+            encrypt: [XmlPath::parse("Encrypt").map_err(problem)?],
+            encrypt_json: Pointer::parse("/Encrypt").map_err(problem)?,
         })
     }
 
@@ -91,15 +98,8 @@ impl Keys {
             }
             return Ok(Verdict::Plain);
         };
-        let found = match xml::extract(d.body, &self.encrypt) {
-            Ok(found) => found,
-            Err(XmlError::Doctype) => return Err(Refused.into()),
-            Err(_) => return Err(Rejection::NotEncrypted.into()),
-        };
-        let encrypt = match found.first() {
-            Some(Found::Text(text)) if !text.is_empty() => text,
-            _ => return Err(Rejection::NotEncrypted.into()),
-        };
+        let encrypt = self.ciphertext(d.body)?;
+        let encrypt = &*encrypt;
         if let Some(token) = &self.token {
             let msg_signature = msg_signature.ok_or(Rejection::Missing("query msg_signature"))?;
             let expected = unhex::<20>(&msg_signature, "query msg_signature")?;
@@ -116,6 +116,22 @@ impl Keys {
             return Err(Rejection::WrongAppId.into());
         }
         Ok(Verdict::Decrypted(message.into_plaintext()))
+    }
+
+    /// The non-empty `Encrypt` value of the outer body, in the body's data format: a
+    /// body that opens with `{` is JSON, anything else is read as XML.
+    fn ciphertext<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, str>, Failure> {
+        if body.trim_ascii_start().starts_with(b"{") {
+            return self
+                .encrypt_json
+                .lookup(body)
+                .map_err(|_| Rejection::NotEncrypted.into());
+        }
+        match xml::extract(body, &self.encrypt).map(|mut found| found.pop()) {
+            Ok(Some(Found::Text(text))) if !text.is_empty() => Ok(text),
+            Err(XmlError::Doctype) => Err(Refused.into()),
+            _ => Err(Rejection::NotEncrypted.into()),
+        }
     }
 }
 

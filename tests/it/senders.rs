@@ -538,6 +538,59 @@ async fn wechat_plain_mode_checks_the_query_signature() {
     assert_eq!(upstream.count(), 1);
 }
 
+/// The official message-push page's worked examples, for an account whose data format
+/// is JSON: Token `AAAAA`, EncodingAESKey `A` x 43, appid `wxba5fad812f8e6fb9`. Its
+/// events have no `MsgId`, so they key on `FromUserName+CreateTime`.
+#[tokio::test]
+async fn wechat_json_data_format_with_the_official_examples() {
+    const USER: &str = "o9AgO5Kd5ggOC-bXrbNODIiE3bGY";
+    const ENCRYPT: &str = "+qdx1OKCy+5JPCBFWw70tm0fJGb2Jmeia4FCB7kao+/Q5c/ohsOzQHi8khUOb05JCpj0JB4RvQMkUyus8TPxLKJGQqcvZqzDpVzazhZv6JsXUnnR8XGT740XgXZUXQ7vJVnAG+tE8NUd4yFyjPy7GgiaviNrlCTj+l5kdfMuFUPpRSrfMZuMcp3Fn2Pede2IuQrKEYwKSqFIZoNqJ4M8EajAsjLY2km32IIjdf8YL/P50F7mStwntrA2cPDrM1kb6mOcfBgRtWygb3VIYnSeOBrebufAlr7F9mFUPAJGj04=";
+    let upstream = Upstream::ok().await;
+    let safe_cfg = Cfg::new()
+        .route("preset = \"wechat-mp\"")
+        .route("secret = \"AAAAA\"")
+        .route(&format!("aes_key = \"{}\"", "A".repeat(43)))
+        .route("app_id = \"wxba5fad812f8e6fb9\"");
+    let gw = TestGateway::start(&safe_cfg, &upstream).await;
+    let client = gw.client();
+    let safe = Req::post(
+        format!(
+            "/hook?signature=6c5c811b55cc85e0e1b54100749188c20beb3f5d&timestamp=1714112445&nonce=415670741\
+             &openid={USER}&encrypt_type=aes&msg_signature=046e02f8204d34f8ba5fa3b1db94908f3df2e9b3"
+        ),
+        format!("{{\n    \"ToUserName\": \"gh_97417a04a28d\",\n    \"Encrypt\": \"{ENCRYPT}\"\n}}"),
+    )
+    .header("content-type", "application/json");
+    let r = send(&client, &safe).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (200, "forwarded"), "{r:?}");
+    let r = send(&client, &safe).await;
+    assert_eq!((r.dedup(), r.body.as_str()), ("duplicate", "success"), "{r:?}");
+    assert_eq!(upstream.received()[0].body, safe.body.as_bytes(), "the original bytes");
+    let stored = dedup_gateway::store::Store::get(&gw.gw.store, &format!("dedup:bot:{USER}+1714112445")).await;
+    assert!(stored.expect("store").is_some(), "keyed from the decrypted JSON");
+    let forged = tamper_query(safe.clone(), "msg_signature");
+    assert_eq!(send(&client, &forged).await.status, 401);
+    assert_eq!(upstream.count(), 1);
+
+    let plain_cfg = Cfg::new().route("preset = \"wechat-mp\"").route("secret = \"AAAAA\"");
+    let gw = TestGateway::start(&plain_cfg, &upstream).await;
+    let client = gw.client();
+    let plain = Req::post(
+        "/hook?signature=899cf89e464efb63f54ddac96b0a0a235f53aa78&timestamp=1714037059&nonce=486452656",
+        format!(
+            "{{\n    \"ToUserName\": \"gh_97417a04a28d\",\n    \"FromUserName\": \"{USER}\",\n    \
+             \"CreateTime\": 1714037059,\n    \"MsgType\": \"event\",\n    \"Event\": \"debug_demo\",\n    \
+             \"debug_str\": \"hello world\"\n}}"
+        ),
+    )
+    .header("content-type", "application/json");
+    assert_eq!(send(&client, &plain).await.dedup(), "forwarded");
+    assert_eq!(send(&client, &plain).await.dedup(), "duplicate");
+    let stored = dedup_gateway::store::Store::get(&gw.gw.store, &format!("dedup:bot:{USER}+1714037059")).await;
+    assert!(stored.expect("store").is_some(), "keyed from the JSON body");
+    assert_eq!(upstream.count(), 2);
+}
+
 #[tokio::test]
 async fn wecom_sys_events_for_different_users_in_the_same_second_are_both_forwarded() {
     let upstream = Upstream::ok().await;

@@ -43,8 +43,13 @@ pub fn handle(
             keyed(&gw, &route, peer, req).await
         } else {
             let (head, body) = req.into_parts();
-            let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
-            (None, bypass.await)
+            match route.config.sender.as_ref().map(|s| s.inspect_passthrough(&head)) {
+                Some(Err(failure)) => (None, Err(failure.into())),
+                _ => {
+                    let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
+                    (None, bypass.await)
+                }
+            }
         };
         let key = key.as_deref().unwrap_or("-");
         let (outcome, mut response) = match result {

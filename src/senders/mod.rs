@@ -147,7 +147,8 @@ impl Takes {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handshake {
     None,
-    /// GET with `echostr`: passes through like every GET.
+    /// GET with `echostr`: passes through like every GET, once its signature is
+    /// checked (where a token is configured).
     GetEchostr,
     /// POST JSON `{"type":"url_verification"}`: forwarded without a key, whatever
     /// `on_missing_key` says, once the scheme has let it through.
@@ -487,6 +488,22 @@ impl Sender {
             return Ok(Verdict::Handshake);
         }
         Ok(verdict)
+    }
+
+    /// Checks a request that passes through undeduped: only the sender's signed GET
+    /// handshake (WeChat's and WeCom's `echostr`) has a signature to check.
+    pub fn inspect_passthrough(&self, head: &http::request::Parts) -> Result<(), Failure> {
+        match &self.verifier {
+            Verifier::Wechat(keys) if head.method == http::Method::GET => {
+                let d = Delivery {
+                    head,
+                    body: &[],
+                    now_ms: 0,
+                };
+                Ok(keys.verify_echostr(&d)?)
+            }
+            _ => Ok(()),
+        }
     }
 }
 

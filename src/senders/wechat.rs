@@ -37,6 +37,7 @@ pub enum Mode {
 
 #[derive(Clone)]
 pub(crate) struct Keys {
+    mode: Mode,
     token: Option<Secret>,
     aes: Option<MessageCipher>,
     app_id: Option<Box<str>>,
@@ -70,6 +71,7 @@ impl Keys {
         }
         let problem = |e| vec![CredentialProblem::new(Field::AesKey, e)];
         Ok(Keys {
+            mode,
             token: creds.secret,
             aes,
             app_id: creds.app_id.map(Into::into),
@@ -85,37 +87,41 @@ impl Keys {
     pub fn verify(&self, d: &Delivery<'_>) -> Result<Verdict, Failure> {
         let [signature, timestamp, nonce, msg_signature] =
             d.query(["signature", "timestamp", "nonce", "msg_signature"]);
+        let (ts, nonce) = (timestamp.as_deref(), nonce.as_deref());
         let Some(aes) = &self.aes else {
             // Plain mode (WeChat only): the signature covers no body.
             if let Some(token) = &self.token {
-                let signature = signature.ok_or(Rejection::Missing("query signature"))?;
-                let expected = unhex::<20>(&signature, "query signature")?;
-                let ts = timestamp.ok_or(Rejection::Missing("query timestamp"))?;
-                let nonce = nonce.ok_or(Rejection::Missing("query nonce"))?;
-                if !ct_eq(&sha1_sorted(&mut [token.expose(), &ts, &nonce]), &expected) {
-                    return Err(Rejection::Mismatch("query signature").into());
-                }
+                check(token, SIGNATURE, signature.as_deref(), ts, nonce, "")?;
             }
             return Ok(Verdict::Plain);
         };
         let encrypt = self.ciphertext(d.body)?;
-        let encrypt = &*encrypt;
         if let Some(token) = &self.token {
-            let msg_signature = msg_signature.ok_or(Rejection::Missing("query msg_signature"))?;
-            let expected = unhex::<20>(&msg_signature, "query msg_signature")?;
-            let ts = timestamp.ok_or(Rejection::Missing("query timestamp"))?;
-            let nonce = nonce.ok_or(Rejection::Missing("query nonce"))?;
-            if !ct_eq(&sha1_sorted(&mut [token.expose(), &ts, &nonce, encrypt]), &expected) {
-                return Err(Rejection::Mismatch("query msg_signature").into());
-            }
+            check(token, MSG_SIGNATURE, msg_signature.as_deref(), ts, nonce, &encrypt)?;
         }
-        let message = aes.decrypt(encrypt).ok_or(Rejection::Undecryptable)?;
+        let message = aes.decrypt(&encrypt).ok_or(Rejection::Undecryptable)?;
         if let Some(app_id) = &self.app_id
             && message.receive_id() != app_id.as_bytes()
         {
             return Err(Rejection::WrongAppId.into());
         }
         Ok(Verdict::Decrypted(message.into_plaintext()))
+    }
+
+    /// The GET `echostr` handshake (URL verification), where a token is configured:
+    /// WeChat signs it with `signature`, WeCom with `msg_signature` over the (encrypted)
+    /// echostr. A GET without `echostr` is not the handshake, and passes.
+    pub fn verify_echostr(&self, d: &Delivery<'_>) -> Result<(), Rejection> {
+        let [echostr, signature, timestamp, nonce, msg_signature] =
+            d.query(["echostr", "signature", "timestamp", "nonce", "msg_signature"]);
+        let (Some(token), Some(echostr)) = (&self.token, echostr) else {
+            return Ok(());
+        };
+        let (ts, nonce) = (timestamp.as_deref(), nonce.as_deref());
+        match self.mode {
+            Mode::Mp => check(token, SIGNATURE, signature.as_deref(), ts, nonce, ""),
+            Mode::Wecom => check(token, MSG_SIGNATURE, msg_signature.as_deref(), ts, nonce, &echostr),
+        }
     }
 
     /// The non-empty `Encrypt` value of the outer body, in the body's data format: a
@@ -132,6 +138,31 @@ impl Keys {
             Err(XmlError::Doctype) => Err(Refused.into()),
             _ => Err(Rejection::NotEncrypted.into()),
         }
+    }
+}
+
+/// The two query signatures, as rejections name them.
+const SIGNATURE: &str = "query signature";
+const MSG_SIGNATURE: &str = "query msg_signature";
+
+/// Checks the query signature `given` (`what`, in rejections) against
+/// sha1(sort([token, timestamp, nonce, signed])); an empty `signed` adds nothing to the
+/// concatenation.
+fn check(
+    token: &Secret,
+    what: &'static str,
+    given: Option<&str>,
+    timestamp: Option<&str>,
+    nonce: Option<&str>,
+    signed: &str,
+) -> Result<(), Rejection> {
+    let expected = unhex::<20>(given.ok_or(Rejection::Missing(what))?, what)?;
+    let ts = timestamp.ok_or(Rejection::Missing("query timestamp"))?;
+    let nonce = nonce.ok_or(Rejection::Missing("query nonce"))?;
+    if ct_eq(&sha1_sorted(&mut [token.expose(), ts, nonce, signed]), &expected) {
+        Ok(())
+    } else {
+        Err(Rejection::Mismatch(what))
     }
 }
 
@@ -425,6 +456,64 @@ pub(crate) mod tests {
         );
         let msg = "<xml><ToUserName>ww1436e0e65a779aee</ToUserName><FromUserName>ChenJiaShun</FromUserName><CreateTime>1476422779</CreateTime><MsgType>text</MsgType><Content>你好</Content><MsgId>1456453720</MsgId><AgentID>1000002</AgentID></xml>";
         assert_eq!(open(eak, enc), ("694ce5a83ae07fe3".into(), msg.into(), corpid.into()));
+    }
+
+    /// The GET handshakes, through `verify_echostr`: WeChat's page example (`signature`)
+    /// and WeCom's 2016 sample (`msg_signature` over the echostr, urlencoded in the URL).
+    #[test]
+    fn echostr_handshakes_are_checked_with_the_published_values() {
+        let keys = |mode, token: &str, eak: Option<&str>| {
+            Keys::new(
+                mode,
+                super::super::Credentials {
+                    secret: Some(Secret::new(token)),
+                    aes_key: eak.map(Secret::new),
+                    app_id: None,
+                },
+            )
+            .expect("keys")
+        };
+        let check = |keys: &Keys, uri: &str| {
+            let head = http::Request::get(uri).body(()).expect("request").into_parts().0;
+            keys.verify_echostr(&Delivery {
+                head: &head,
+                body: &[],
+                now_ms: 0,
+            })
+        };
+        let mp = keys(Mode::Mp, MP_TOKEN, Some(MP_EAK));
+        let q = "timestamp=1714036504&nonce=1514711492&echostr=5838479218127813673";
+        assert_eq!(
+            check(
+                &mp,
+                &format!("/wx?signature=f464b24fc39322e44b38aa78f5edd27bd1441696&{q}")
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check(
+                &mp,
+                &format!("/wx?signature=f464b24fc39322e44b38aa78f5edd27bd1441697&{q}")
+            ),
+            Err(Rejection::Mismatch("query signature"))
+        );
+        assert_eq!(
+            check(&mp, &format!("/wx?{q}")),
+            Err(Rejection::Missing("query signature"))
+        );
+        assert_eq!(check(&mp, "/wx?timestamp=1&nonce=2"), Ok(()), "not the handshake");
+        let wecom = keys(
+            Mode::Wecom,
+            "hJqcu3uJ9Tn2gXPmxx2w9kkCkCE2EPYo",
+            Some("6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt"),
+        );
+        let echo = "fsi1xnbH4yQh0%2BPJxcOdhhK6TDXkjMyhEPA7xB2TGz6b%2Bg7xyAbEkRxN%2F3cNXW9qdqjnoVzEtpbhnFyq6SVHyA%3D%3D";
+        let uri = |sig: &str| format!("/wc?msg_signature={sig}&timestamp=1476416373&nonce=47744683&echostr={echo}");
+        assert_eq!(check(&wecom, &uri("012bc692d0a58dd4b10f8dfe5c4ac00ae211ebeb")), Ok(()));
+        assert_eq!(
+            check(&wecom, &uri("012bc692d0a58dd4b10f8dfe5c4ac00ae211ebec")),
+            Err(Rejection::Mismatch("query msg_signature"))
+        );
     }
 
     #[test]

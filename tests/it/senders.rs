@@ -113,6 +113,17 @@ async fn run(case: Case) {
 
     if let Some(handshake) = case.handshake {
         let req = handshake();
+        if req.method == Method::GET {
+            // The sender signs its GET handshake: a forged one is not passed on.
+            let forged = tamper_query(tamper_query(req.clone(), "signature"), "msg_signature");
+            let r = send(&client, &forged).await;
+            assert_eq!(
+                (r.status.as_u16(), r.dedup()),
+                (401, "rejected"),
+                "{p}: forged handshake {r:?}"
+            );
+            assert_eq!(upstream.count(), 2, "{p}: a forged handshake is not forwarded");
+        }
         let r = send(&client, &req).await;
         let expected = if req.method == Method::GET { "bypass" } else { "no-key" };
         assert_eq!((r.status.as_u16(), r.dedup()), (200, expected), "{p}: handshake {r:?}");
@@ -166,14 +177,7 @@ fn wechat_mp_safe_mode_case() -> Case {
         unsigned: Some(|n| drop_query(s::wechat_safe(&s::wx_text_message(&wx_id(n))), "msg_signature")),
         stale: None, // WeChat documents no window
         ack: (200, "success", "text/plain; charset=utf-8"),
-        handshake: Some(|| {
-            Req {
-        method: Method::GET,
-        target: "/hook?signature=f464b24fc39322e44b38aa78f5edd27bd1441696&echostr=5838479218127813673&timestamp=1714036504&nonce=1514711492".into(),
-        headers: vec![],
-        body: String::new(),
-    }
-        }),
+        handshake: Some(s::wechat_echostr),
     }
 }
 
@@ -195,14 +199,7 @@ fn wecom_case() -> Case {
         unsigned: Some(|n| drop_query(s::wecom(&s::wecom_text(&wx_id(n))), "msg_signature")),
         stale: None,
         ack: (200, "", "text/plain; charset=utf-8"),
-        handshake: Some(|| {
-            Req {
-        method: Method::GET,
-        target: "/hook?msg_signature=012bc692d0a58dd4b10f8dfe5c4ac00ae211ebeb&timestamp=1476416373&nonce=47744683&echostr=fsi1xnbH4yQh0%2BPJxcOdhhK6TDXkjMyhEPA7xB2TGz6b%2Bg7xyAbEkRxN%2F3cNXW9qdqjnoVzEtpbhnFyq6SVHyA%3D%3D".into(),
-        headers: vec![],
-        body: String::new(),
-    }
-        }),
+        handshake: Some(s::wecom_echostr),
     }
 }
 

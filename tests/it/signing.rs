@@ -34,6 +34,15 @@ impl Req {
         }
     }
 
+    pub fn get(target: impl Into<String>) -> Self {
+        Req {
+            method: Method::GET,
+            target: target.into(),
+            headers: vec![],
+            body: String::new(),
+        }
+    }
+
     pub fn header(mut self, name: &str, value: impl Into<String>) -> Self {
         self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
         self.headers.push((name.to_owned(), value.into()));
@@ -159,6 +168,27 @@ pub fn wechat_plain(xml: &str) -> Req {
         xml,
     )
     .header("content-type", "text/xml")
+}
+
+/// WeChat's GET URL verification: `signature` over token, timestamp and nonce.
+pub fn wechat_echostr() -> Req {
+    let (ts, nonce) = (now().to_string(), random_digits(10));
+    let signature = sha1_sorted(&[WX_TOKEN, &ts, &nonce]);
+    Req::get(format!(
+        "/hook?signature={signature}&echostr={}&timestamp={ts}&nonce={nonce}",
+        random_digits(19)
+    ))
+}
+
+/// WeCom's GET URL verification: `msg_signature` over the encrypted echostr too.
+pub fn wecom_echostr() -> Req {
+    let (ts, nonce) = (now().to_string(), random_digits(10));
+    let echostr = wx_encrypt(&random_digits(19), WECOM_CORP_ID);
+    let msg_signature = sha1_sorted(&[WX_TOKEN, &ts, &nonce, &echostr]);
+    let echostr: String = form_urlencoded::byte_serialize(echostr.as_bytes()).collect();
+    Req::get(format!(
+        "/hook?msg_signature={msg_signature}&timestamp={ts}&nonce={nonce}&echostr={echostr}"
+    ))
 }
 
 /// A WeCom delivery of a plaintext XML message, encrypted afresh.

@@ -2,10 +2,12 @@
 //! clients (SPEC `[server]`): a connection that says nothing is closed after
 //! `idle_timeout`; once its first byte is in, a request head must be complete within
 //! `header_timeout` (hyper's header timer on HTTP/1; on h2c, a header block left open
-//! that long closes the connection); an h2c connection carrying no request is closed
-//! after `idle_timeout`. Bodies are bounded by `body_timeout` where they are read
-//! (`handler`), the same way on both protocols.
+//! that long closes the connection); a connection carrying no request is closed after
+//! `idle_timeout` (on HTTP/1 hyper's header timer, which runs from the end of the last
+//! response, does it unless `idle_timeout` is the shorter). Bodies are bounded by
+//! `body_timeout` where they are read (`handler`), the same way on both protocols.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -16,14 +18,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
-use hyper::service::service_fn;
+use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::body::Body;
 use crate::framing::FramingGuard;
 use crate::gateway::Gateway;
 use crate::handler;
@@ -52,7 +57,12 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
         () = protocols.closing.raised() => return,
         sniffed = sniff(&mut stream, protocols.idle_timeout, protocols.header_timeout) => sniffed,
     };
-    let Some((prefix, is_h2)) = sniffed else {
+    let Some(Sniffed {
+        prefix,
+        is_h2,
+        first_head_by,
+    }) = sniffed
+    else {
         return; // silent, closed, or too slow to say which protocol: cut off
     };
     let peer = Peer {
@@ -61,39 +71,55 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
     };
     let result = if is_h2 {
         let activity = Arc::new(Activity::default());
-        let streams = Arc::clone(&activity);
-        let service = service_fn(move |req| {
-            let busy = Busy::new(&streams);
-            let gw = Arc::clone(&gw);
-            async move {
-                let response = handler::handle(gw, peer, req).await;
-                drop(busy);
-                response
-            }
-        });
-        let io = TokioIo::new(HeaderBlockWatch::new(stream, prefix, Arc::clone(&activity)));
+        let service = service(gw, peer, Some(Arc::clone(&activity)));
+        let io = TokioIo::new(Watched::new(stream, prefix, Frames::new(Arc::clone(&activity))));
         let conn = protocols.h2.serve_connection(io, service);
-        let watchdog = h2_watchdog(&activity, protocols.header_timeout, protocols.idle_timeout);
+        let watchdog = watchdog(&activity, &protocols, None);
         drive(conn, &protocols.draining, watchdog).await
     } else {
-        let service = service_fn(move |req| handler::handle(Arc::clone(&gw), peer, req));
-        let io = TokioIo::new(FramingGuard::new(stream, prefix, true));
+        // hyper's own header timer bounds heads and idle keep-alive on HTTP/1. A watch
+        // is added only where that is not enough: `idle_timeout` shorter than
+        // `header_timeout`, or a sniff that used part of the first head's time.
+        let activity = (protocols.idle_timeout < protocols.header_timeout || first_head_by.is_some())
+            .then(Arc::<Activity>::default);
+        let service = service(gw, peer, activity.clone());
+        let io = Watched::new(stream, Bytes::new(), Reads(activity.clone()));
+        let io = TokioIo::new(FramingGuard::new(io, prefix, true));
         let conn = protocols.h1.serve_connection(io, service);
-        // hyper's own header timer bounds heads and idle keep-alive on HTTP/1.
-        drive(conn, &protocols.draining, std::future::pending()).await
+        let watchdog = async {
+            match &activity {
+                Some(activity) => watchdog(activity, &protocols, first_head_by).await,
+                None => std::future::pending().await,
+            }
+        };
+        drive(conn, &protocols.draining, watchdog).await
     };
     if let Err(e) = result {
         tracing::debug!(client = %addr, error = %e, "connection ended with an error");
     }
 }
 
+/// Handles each request of a connection, counted in `activity` where the connection has
+/// a watchdog.
+fn service(
+    gw: Arc<Gateway>,
+    peer: Peer,
+    activity: Option<Arc<Activity>>,
+) -> impl Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send + 'static> {
+    service_fn(move |req| handler::handle(Arc::clone(&gw), peer, req, activity.as_ref().map(Busy::new)))
+}
+
 /// Why a connection is closed by the gateway rather than by its client.
 enum Stop {
-    /// No request for `idle_timeout`: finish politely (GOAWAY).
+    /// No request for `idle_timeout`: finish politely (h2c: GOAWAY).
     Idle,
     /// A request head left half-sent for `header_timeout`: drop the connection.
     Stalled,
 }
+
+/// How long an idle connection told to close may take to do so: an h2c client that
+/// never acknowledges the GOAWAY's PING would otherwise hold it open for good.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs a connection until it ends, shutting it down gracefully when the drain starts
 /// or it sits idle, and dropping it when it stalls.
@@ -115,7 +141,8 @@ where
             stop = &mut watchdog, if !closing => match stop {
                 Stop::Idle => {
                     conn.as_mut().graceful_shutdown();
-                    closing = true;
+                    // Idle: no request is lost by cutting a slow goodbye short.
+                    return tokio::time::timeout(IDLE_CLOSE_GRACE, conn).await.unwrap_or(Ok(()));
                 }
                 Stop::Stalled => return Ok(()),
             },
@@ -125,46 +152,61 @@ where
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// What the first bytes of a connection said.
+struct Sniffed {
+    /// The bytes read.
+    prefix: Bytes,
+    is_h2: bool,
+    /// When the first head's `header_timeout` runs out, if the sniff waited for more
+    /// than the first read (say a lone `P`, which may open `POST` or the h2 preface):
+    /// hyper's header timer starts only once it has the connection.
+    first_head_by: Option<Instant>,
+}
+
 /// Reads until the first bytes tell HTTP/2 prior knowledge from HTTP/1 (usually the
 /// second byte). The first byte may take `idle` (a connection that says nothing is
 /// idle); from there, the rest takes at most `header` (it is part of a request head).
-/// Returns what was read and whether it is HTTP/2; `None` if the peer closed or was
-/// too slow.
-async fn sniff(stream: &mut TcpStream, idle: Duration, header: Duration) -> Option<(Bytes, bool)> {
+/// `None` if the peer closed or was too slow.
+async fn sniff(stream: &mut TcpStream, idle: Duration, header: Duration) -> Option<Sniffed> {
     let mut buf = [0u8; H2_PREFACE.len()];
     let mut n = match tokio::time::timeout(idle, stream.read(&mut buf)).await {
         Ok(Ok(read)) if read > 0 => read,
         _ => return None,
     };
     let deadline = Instant::now() + header;
+    let mut first_head_by = None;
     loop {
-        if buf[..n] != H2_PREFACE[..n] {
-            return Some((Bytes::copy_from_slice(&buf[..n]), false));
-        }
-        if n == H2_PREFACE.len() {
-            return Some((Bytes::copy_from_slice(&buf), true));
+        if buf[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
+            return Some(Sniffed {
+                prefix: Bytes::copy_from_slice(&buf[..n]),
+                is_h2: n == H2_PREFACE.len() && buf == *H2_PREFACE,
+                first_head_by,
+            });
         }
         match tokio::time::timeout_at(deadline, stream.read(&mut buf[n..])).await {
             Ok(Ok(read)) if read > 0 => n += read,
             _ => return None,
         }
+        first_head_by = Some(deadline);
     }
 }
 
-/// What an h2c connection is doing, for its watchdog.
+/// What a connection is doing, for its watchdog.
 #[derive(Default)]
-struct Activity {
+pub(crate) struct Activity {
     /// Requests being handled now.
     streams: AtomicUsize,
-    /// When a header block was opened and not yet ended (ms since `since`), or 0.
+    /// h2c: when a header block was opened and not yet ended (ms since `since`), or 0.
     open_header_block: AtomicU64,
     /// Requests handled so far (to tell a busy connection from an idle one).
     handled: AtomicU64,
+    /// HTTP/1: reads that brought bytes (a request on its way is not idle).
+    reads: AtomicU64,
 }
 
 /// Counts one request in [`Activity::streams`] while it is handled (dropped with the
 /// handler, also when the client resets the stream).
-struct Busy(Arc<Activity>);
+pub(crate) struct Busy(Arc<Activity>);
 
 impl Busy {
     fn new(activity: &Arc<Activity>) -> Self {
@@ -180,13 +222,15 @@ impl Drop for Busy {
     }
 }
 
-/// Ends when an h2c connection should be closed: a header block open for longer than
-/// `header` (a slowloris on HEADERS/CONTINUATION frames: hyper sees no request until
-/// the block ends), or no request for `idle`.
-async fn h2_watchdog(activity: &Activity, header: Duration, idle: Duration) -> Stop {
+/// Ends when a connection should be closed: a header block open for longer than
+/// `header_timeout` (a slowloris on HEADERS/CONTINUATION frames: hyper sees no request
+/// until the block ends), no first request by `first_head_by`, or no request (and on
+/// HTTP/1 no byte of one) for `idle_timeout`.
+async fn watchdog(activity: &Activity, protocols: &Protocols, first_head_by: Option<Instant>) -> Stop {
+    let (header, idle) = (protocols.header_timeout, protocols.idle_timeout);
     let started = Instant::now();
     let tick = (header.min(idle) / 4).max(Duration::from_millis(10));
-    let (mut idle_since, mut handled) = (started, 0);
+    let (mut idle_since, mut seen) = (started, (0, 0));
     loop {
         tokio::time::sleep(tick).await;
         let now = Instant::now();
@@ -194,21 +238,45 @@ async fn h2_watchdog(activity: &Activity, header: Duration, idle: Duration) -> S
         if opened != 0 && now.duration_since(started) > Duration::from_millis(opened) + header {
             return Stop::Stalled;
         }
-        let seen = activity.handled.load(Ordering::Relaxed);
-        if activity.streams.load(Ordering::Relaxed) > 0 || seen != handled {
-            (idle_since, handled) = (now, seen);
+        let now_seen = (
+            activity.handled.load(Ordering::Relaxed),
+            activity.reads.load(Ordering::Relaxed),
+        );
+        if now_seen.0 == 0 && first_head_by.is_some_and(|by| now >= by) {
+            return Stop::Stalled;
+        }
+        if activity.streams.load(Ordering::Relaxed) > 0 || now_seen != seen {
+            (idle_since, seen) = (now, now_seen);
         } else if now.duration_since(idle_since) >= idle {
             return Stop::Idle;
         }
     }
 }
 
-/// The h2c connection's byte stream, watched by a [`Frames`] tracker. Also hands out
-/// the preface bytes the sniff already read.
-struct HeaderBlockWatch {
+/// A connection's byte stream with every read shown to a tracker: h2c's [`Frames`] or
+/// HTTP/1's [`Reads`]. Also hands out the bytes the sniff already read.
+struct Watched<T> {
     inner: TcpStream,
     prefix: Bytes,
-    frames: Frames,
+    tracker: T,
+}
+
+/// Sees the bytes of each read.
+trait Tracker {
+    fn feed(&mut self, bytes: &[u8]);
+}
+
+/// HTTP/1: counts reads into [`Activity::reads`] where the connection has a watchdog.
+struct Reads(Option<Arc<Activity>>);
+
+impl Tracker for Reads {
+    fn feed(&mut self, bytes: &[u8]) {
+        if let Some(activity) = &self.0
+            && !bytes.is_empty()
+        {
+            activity.reads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Follows an h2c byte stream frame by frame (frame headers only: payloads are skipped
@@ -229,13 +297,9 @@ const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 
-impl HeaderBlockWatch {
-    fn new(inner: TcpStream, prefix: Bytes, activity: Arc<Activity>) -> Self {
-        HeaderBlockWatch {
-            inner,
-            prefix,
-            frames: Frames::new(activity),
-        }
+impl<T> Watched<T> {
+    fn new(inner: TcpStream, prefix: Bytes, tracker: T) -> Self {
+        Watched { inner, prefix, tracker }
     }
 }
 
@@ -251,6 +315,22 @@ impl Frames {
         }
     }
 
+    fn frame_header(&mut self) {
+        let [l0, l1, l2, kind, flags, ..] = self.frame;
+        self.skip = u64::from(u32::from_be_bytes([0, l0, l1, l2]));
+        let block = &self.activity.open_header_block;
+        match kind {
+            HEADERS | CONTINUATION if flags & END_HEADERS != 0 => block.store(0, Ordering::Relaxed),
+            HEADERS if block.load(Ordering::Relaxed) == 0 => {
+                let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+                block.store(ms.max(1), Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Tracker for Frames {
     fn feed(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             if self.preface_left > 0 {
@@ -270,42 +350,28 @@ impl Frames {
             }
         }
     }
-
-    fn frame_header(&mut self) {
-        let [l0, l1, l2, kind, flags, ..] = self.frame;
-        self.skip = u64::from(u32::from_be_bytes([0, l0, l1, l2]));
-        let block = &self.activity.open_header_block;
-        match kind {
-            HEADERS | CONTINUATION if flags & END_HEADERS != 0 => block.store(0, Ordering::Relaxed),
-            HEADERS if block.load(Ordering::Relaxed) == 0 => {
-                let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
-                block.store(ms.max(1), Ordering::Relaxed);
-            }
-            _ => {}
-        }
-    }
 }
 
-impl AsyncRead for HeaderBlockWatch {
+impl<T: Tracker + Unpin> AsyncRead for Watched<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.prefix.has_remaining() {
             let n = this.prefix.len().min(buf.remaining());
             buf.put_slice(&this.prefix[..n]);
             let prefix = this.prefix.split_to(n);
-            this.frames.feed(&prefix);
+            this.tracker.feed(&prefix);
             return Poll::Ready(Ok(()));
         }
         let start = buf.filled().len();
         let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = poll {
-            this.frames.feed(&buf.filled()[start..]);
+            this.tracker.feed(&buf.filled()[start..]);
         }
         poll
     }
 }
 
-impl AsyncWrite for HeaderBlockWatch {
+impl<T: Unpin> AsyncWrite for Watched<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, data)
     }

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::body::{self, Body, ReadError};
+use crate::conn::Busy;
 use crate::dedup::key::{Input, StoredKey};
 use crate::dedup::policy::{Mode, OnMissingKey};
 use crate::dedup::{self, Answer};
@@ -23,15 +24,19 @@ use crate::senders::Verdict;
 use crate::store::unix_ms;
 use crate::timer;
 
-/// Serves one request on the proxy listener. Not an `async fn`: see *Future sizes* in
-/// [`crate::dedup`].
+/// Serves one request on the proxy listener. `busy` is held until the request is
+/// answered (or dropped): the connection's watchdog counts it. Taken here rather than
+/// by a wrapping future, which would move this one's state once more per request. Not
+/// an `async fn`: see *Future sizes* in [`crate::dedup`].
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
-pub fn handle(
+pub(crate) fn handle(
     gw: Arc<Gateway>,
     peer: Peer,
     req: Request<Incoming>,
+    busy: Option<Busy>,
 ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send {
     async move {
+        let _busy = busy;
         let Some(route) = gw.routes.load().find(req.uri().path()).cloned() else {
             return Ok(not_found());
         };

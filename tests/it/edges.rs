@@ -346,6 +346,59 @@ async fn a_head_trickled_byte_by_byte_is_cut_off_by_header_timeout() {
     assert_eq!(upstream.count(), 0);
 }
 
+/// A lone `P` may open `POST` or the h2c preface, so the gateway waits for the next
+/// byte before hyper sees the connection; that wait is part of the first head's
+/// `header_timeout`: a head that would end within `header_timeout` of hyper's start,
+/// but not of its first byte, is cut off.
+#[tokio::test]
+async fn the_wait_to_tell_http1_from_h2c_counts_against_header_timeout() {
+    use tokio::io::AsyncReadExt;
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&Cfg::new().server("header_timeout = \"1s\""), &upstream).await;
+    let body = msg("sniffed-slowly");
+    let (mut read, mut write) = TcpStream::connect(gw.addr).await.expect("connect").into_split();
+    let writer = tokio::spawn(async move {
+        let head = format!("OST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n", body.len());
+        for (part, then) in [("P", 900), (head.as_str(), 700), ("\r\n", 0), (body.as_str(), 0)] {
+            if write.write_all(part.as_bytes()).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(then)).await;
+        }
+        std::future::pending::<()>().await; // keep the write side open
+    });
+    let mut answer = Vec::new();
+    let _ = crate::support::within("the gateway to cut the slow head off", read.read_to_end(&mut answer)).await;
+    writer.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert_eq!(upstream.count(), 0);
+}
+
+/// `idle_timeout` shorter than `header_timeout`: a head that takes longer than
+/// `idle_timeout` to arrive is served (a request on its way is not idleness), and the
+/// kept-alive connection is closed once it has carried nothing for `idle_timeout`,
+/// not when `header_timeout` runs out.
+#[tokio::test]
+async fn an_idle_http1_connection_is_closed_at_idle_timeout_when_that_is_the_shorter() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new()
+        .server("header_timeout = \"60s\"")
+        .server("idle_timeout = \"800ms\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let body = msg("slow-head");
+    let head = format!("POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n", body.len());
+    let rest = format!("X-Slow: {}\r\n\r\n{body}", "s".repeat(20));
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    // The rest of the head comes over about 1.6 s: twice idle_timeout.
+    let gap = Duration::from_millis(1600 / rest.len() as u64);
+    let (answer, took) = trickle(stream, head.as_bytes(), rest.as_bytes(), gap).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-dedup-status: forwarded"), "{answer}");
+    assert!(took < Duration::from_secs(10), "closed after {took:?}");
+    assert_eq!(upstream.count(), 1);
+}
+
 /// An h2c connection: one stream trickles its body and is answered 400 at
 /// `body_timeout`; another stream on the same connection is served meanwhile.
 #[tokio::test]
@@ -449,6 +502,20 @@ async fn an_h2_header_block_left_open_is_cut_off_by_header_timeout() {
     let (_, took) = slow.await.expect("slow client");
     assert!(took < Duration::from_secs(5), "cut off after {took:?}");
     assert_eq!(upstream.count(), 1);
+}
+
+/// An idle h2c connection whose client never answers the GOAWAY's PING is closed all
+/// the same.
+#[tokio::test]
+async fn an_idle_h2_client_that_never_answers_the_goaway_ping_is_closed() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&slow_cfg(), &upstream).await;
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend(h2_frame(0x4, 0, 0, &[])); // SETTINGS; then it acknowledges nothing
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let (_, took) = trickle(stream, &preface, &[], Duration::ZERO).await;
+    assert!(took < Duration::from_secs(10), "closed after {took:?}");
+    assert_eq!(upstream.count(), 0);
 }
 
 /// An h2c connection with no stream is closed after `idle_timeout` (GOAWAY); one whose

@@ -128,8 +128,10 @@ fn authorize(gw: &Gateway, req: &Request<Incoming>) -> Option<Response<Body>> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.trim_start().split_once(' '))
+        // The scheme is case-insensitive (RFC 9110, 11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     if offered.is_some_and(|token| same_secret(token, expected.expose())) {
         return None;
     }

@@ -140,6 +140,9 @@ fn load(path: &Path) -> anyhow::Result<Config> {
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let config = load(path)?;
+    for warning in &config.warnings {
+        tracing::warn!("config: {warning}");
+    }
     for route in &config.routes {
         if let Some(sender) = &route.sender {
             for warning in senders::warnings(sender, route.policy.completed_ttl) {
@@ -162,9 +165,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             );
         }
         let store = dedup_gateway::store::connect(&config.store).await.context("store")?;
-        let listeners = Listeners::bind(&config.server)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+        let listeners = Listeners::bind(&config.server).await?;
         let gw = Gateway::new(&config, store);
         let reloader = Arc::new(Reloader::new(path.to_path_buf(), config.clone()));
         let _ = gw.reloader.set(Arc::clone(&reloader));
@@ -180,6 +181,9 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     let s = &config.server;
     let d = |d: std::time::Duration| humantime::format_duration(d).to_string();
     println!("{}: OK", path.display());
+    for warning in &config.warnings {
+        println!("warning: {warning}");
+    }
     println!(
         "server: listen {}, admin {}, max_body {} bytes, header_timeout {}, shutdown_delay {}, shutdown_grace {}",
         s.listen,

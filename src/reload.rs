@@ -54,6 +54,9 @@ impl Reloader {
         // Held across the read too: of two reloads at once, the later read is applied last.
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let new = Config::load(&self.path)?;
+        for warning in &new.warnings {
+            tracing::warn!("config: {warning}");
+        }
         let mut needs_restart = Vec::new();
         if new.server != running.server {
             needs_restart.push("server");

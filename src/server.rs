@@ -43,13 +43,13 @@ impl Listeners {
             socket.set_reuseaddr(true)?;
             socket.set_reuseport(true)?;
             socket.set_nodelay(true)?;
-            socket.bind(addr)?;
-            let listener = socket.listen(4096)?;
+            socket.bind(addr).map_err(at(addr))?;
+            let listener = socket.listen(4096).map_err(at(addr))?;
             addr = listener.local_addr()?; // port 0: the others join the port the first got
             proxy.push(listener.into_std()?);
         }
         let admin = match server.admin_listen {
-            Some(addr) => Some(TcpListener::bind(addr).await?),
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(at(addr))?),
             None => None,
         };
         Ok(Listeners { proxy, admin })
@@ -61,6 +61,11 @@ impl Listeners {
             None => Err(std::io::Error::other("no proxy listener")),
         }
     }
+}
+
+/// Names the address a bind failed on (the proxy's or the admin listener's).
+fn at(addr: SocketAddr) -> impl Fn(std::io::Error) -> std::io::Error {
+    move |e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
 }
 
 /// Time allowed, after the grace period, for abandoned owners to release their claims.

@@ -24,6 +24,9 @@ pub struct Config {
     pub server: ServerConfig,
     pub store: StoreConfig,
     pub routes: Vec<RouteConfig>,
+    /// Settings read but not used, each as `key.path: why`: `check` prints them and
+    /// the gateway logs them at start and on reload.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,7 +143,7 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: String::new(),
-            message: e.to_string(),
+            message: syntax_message(text, &e),
         })?;
         let mut problems = Problems::default();
         let mut root = Section::new("", &table);
@@ -153,13 +156,33 @@ impl Config {
         let sections = root.sections("routes", &mut problems);
         root.finish(&mut problems);
         let routes = route::build_routes(sections, &defaults, store.as_ref(), &mut problems);
+        let warnings = problems.take_warnings();
         match (server, store) {
-            (Some(server), Some(store)) if problems.is_empty() => Ok(Config { server, store, routes }),
+            (Some(server), Some(store)) if problems.is_empty() => Ok(Config {
+                server,
+                store,
+                routes,
+                warnings,
+            }),
             _ => Err(ConfigError::Invalid {
                 path: String::new(),
                 problems: problems.into_vec(),
             }),
         }
+    }
+}
+
+/// A TOML syntax error as its line, column and problem, without the source line toml
+/// quotes with it: that line may hold a secret (`secret = "..." junk`).
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end();
+    match e.span().and_then(|span| text.get(..span.start)) {
+        Some(before) => {
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message.to_owned(),
     }
 }
 
@@ -199,6 +222,16 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
     };
     if server.workers == 0 {
         problems.push(s.path_of("workers"), "must be at least 1");
+    }
+    if let (proxy, Some(admin)) = (server.listen, server.admin_listen)
+        && proxy.port() != 0
+        && proxy.port() == admin.port()
+        && (proxy.ip() == admin.ip() || proxy.ip().is_unspecified() || admin.ip().is_unspecified())
+    {
+        problems.push(
+            s.path_of("admin_listen"),
+            format!("{admin} overlaps server.listen ({proxy}): they need ports of their own"),
+        );
     }
     for (key, value) in [
         ("header_timeout", server.header_timeout),
@@ -265,17 +298,31 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
     let only_for = |key: &'static str, backend: &str, problems: &mut Problems| {
         problems.push(s.path_of(key), format!("only applies to backend = {backend:?}"))
     };
+    // A sizing setting of the other backend is left from a template: ignored. A Redis
+    // address is not: with the memory store, replicas would not dedupe together.
+    let ignored = |key: &'static str, backend: &str, problems: &mut Problems| {
+        problems.warn(
+            s.path_of(key),
+            format!("ignored: only applies to backend = {backend:?}"),
+        )
+    };
     let backend = match backend_name {
         "memory" => {
             for (key, set) in [
                 ("url", s.has("url")),
                 ("url_env", s.has("url_env")),
-                ("tls_skip_verify", s.has("tls_skip_verify")),
                 ("cluster", cluster.is_some()),
-                ("pool_size", pool_size.is_some()),
             ] {
                 if set {
                     only_for(key, "redis", problems);
+                }
+            }
+            for (key, set) in [
+                ("tls_skip_verify", s.has("tls_skip_verify")),
+                ("pool_size", pool_size.is_some()),
+            ] {
+                if set {
+                    ignored(key, "redis", problems);
                 }
             }
             let max_bytes = max_bytes.unwrap_or(256 << 20);
@@ -302,7 +349,7 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                 ("max_bytes", max_bytes.is_some()),
             ] {
                 if set {
-                    only_for(key, "memory", problems);
+                    ignored(key, "memory", problems);
                 }
             }
             let target = match (url, cluster) {

@@ -5,21 +5,34 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
-/// Every problem found in a config file, each as `key.path: what is wrong`.
+/// Every problem found in a config file, each as `key.path: what is wrong`, and the
+/// settings read but ignored (warnings: the config still loads).
 #[derive(Debug, Default)]
-pub struct Problems(Vec<String>);
+pub struct Problems {
+    errors: Vec<String>,
+    warnings: Vec<String>,
+}
 
 impl Problems {
     pub fn push(&mut self, path: impl std::fmt::Display, problem: impl std::fmt::Display) {
-        self.0.push(format!("{path}: {problem}"));
+        self.errors.push(format!("{path}: {problem}"));
+    }
+
+    /// A setting that does not stop the config from loading, but is not used.
+    pub fn warn(&mut self, path: impl std::fmt::Display, why: impl std::fmt::Display) {
+        self.warnings.push(format!("{path}: {why}"));
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.errors.is_empty()
     }
 
     pub fn into_vec(self) -> Vec<String> {
-        self.0
+        self.errors
+    }
+
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 }
 

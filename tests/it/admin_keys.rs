@@ -194,6 +194,10 @@ async fn with_a_token_changing_endpoints_need_it_and_probes_stay_open() {
     let auth = [("authorization", "Bearer t0ken-of-the-admin")];
     assert_eq!(admin.send(Method::DELETE, "/keys/bot/a1", &auth, "").await.status, 200);
     assert_eq!(gw.client().post("/hook", &msg("a1")).await.dedup(), "forwarded");
+    // The scheme is case-insensitive (RFC 9110, 11.1).
+    let lower = [("authorization", "bearer t0ken-of-the-admin")];
+    assert_eq!(admin.send(Method::DELETE, "/keys/bot/a1", &lower, "").await.status, 200);
+    assert_eq!(gw.client().post("/hook", &msg("a1")).await.dedup(), "forwarded");
     // Not started from a file: reload is authorised but has nothing to re-read.
     assert_eq!(admin.send(Method::POST, "/reload", &auth, "").await.status, 404);
 }

@@ -138,6 +138,69 @@ fn processing_ttl_must_cover_four_store_calls_besides_the_upstream() {
     );
 }
 
+/// SPEC's `[store]` template, with the backend switched and the other backend's
+/// settings left in: the sizing ones are ignored with a warning, an address is not.
+#[test]
+fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_refused() {
+    let cfg = |lines: &[&str]| {
+        lines
+            .iter()
+            .fold(Cfg::new(), |c, l| c.store(l))
+            .toml("http://127.0.0.1:9")
+    };
+    let redis = TempFile::new(
+        "redis.toml",
+        &cfg(&[
+            "backend = \"redis\"",
+            "url = \"redis://127.0.0.1:6379/0\"",
+            "max_entries = 1_000_000",
+            "max_bytes = \"256MiB\"",
+        ]),
+    );
+    let out = run(&["check", "--config", redis.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for expected in [
+        "warning: store.max_entries: ignored: only applies to backend = \"memory\"",
+        "warning: store.max_bytes: ignored: only applies to backend = \"memory\"",
+    ] {
+        assert!(
+            text(&out.stdout).contains(expected),
+            "{expected:?} in:\n{}",
+            text(&out.stdout)
+        );
+    }
+    let memory = TempFile::new("memory.toml", &cfg(&["pool_size = 32"]));
+    let out = run(&["check", "--config", memory.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("warning: store.pool_size: ignored"));
+    let url = TempFile::new("url.toml", &cfg(&["url = \"redis://127.0.0.1:6379/0\""]));
+    let out = run(&["check", "--config", url.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("store.url: only applies to backend = \"redis\""),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The admin listener on the proxy's port is a config error `check` reports, not a
+/// failed start.
+#[test]
+fn check_refuses_an_admin_listener_on_the_proxy_port() {
+    let toml = Cfg::new()
+        .server("listen = \"0.0.0.0:18181\"")
+        .server("admin_listen = \"127.0.0.1:18181\"")
+        .toml("http://127.0.0.1:9");
+    let same = TempFile::new("same.toml", &toml);
+    let out = run(&["check", "--config", same.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("server.admin_listen: 127.0.0.1:18181 overlaps server.listen (0.0.0.0:18181)"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn serve_refuses_a_bad_config_before_listening() {
     let bad = TempFile::new("bad.toml", "[server]\nlisten = \"127.0.0.1:0\"\nbogus = 1\n");

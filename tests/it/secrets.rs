@@ -118,3 +118,26 @@ async fn a_redis_password_never_shows_in_check_logs_or_errors() {
     assert!(text.contains(&format!("redis://***@127.0.0.1:{port}/0")), "{text}");
     assert_no_password("the failure message (no Redis)", &text);
 }
+
+/// A TOML syntax error is reported by line and column, without the line itself: the
+/// line toml would quote may be the one holding the secret.
+#[test]
+fn a_toml_syntax_error_does_not_quote_the_line_with_the_secret() {
+    for (what, line) in [
+        (
+            "a stray token after a URL",
+            format!("url = \"redis://:{PASSWORD}@127.0.0.1:6379/0\" ,"),
+        ),
+        (
+            "a duplicate key",
+            format!("url = \"redis://127.0.0.1:6379/0\"\nurl = \"redis://:{PASSWORD}@h:1/0\""),
+        ),
+    ] {
+        let config = TempFile::new("gateway.toml", &format!("[store]\nbackend = \"redis\"\n{line}\n"));
+        let out = run(&["check"], &config, None);
+        let text = all_output(&out);
+        assert_eq!(out.status.code(), Some(1), "{what}: {text}");
+        assert!(text.contains("invalid TOML: line "), "{what}: {text}");
+        assert_no_password(what, &text);
+    }
+}

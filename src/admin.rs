@@ -71,13 +71,12 @@ async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", true) => {
             gw.metrics.set_ready(gw.is_ready());
-            let mut response = Response::new(Body::full(gw.metrics.render(gw.store.entries(), gw.store.bytes())));
-            // The body is OpenMetrics text; labelled as the classic format, Prometheus
-            // would parse it with the wrong parser and reject the whole scrape.
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-            );
+            let format = crate::metrics::Format::negotiate(req.headers());
+            let body = gw.metrics.render(format, gw.store.entries(), gw.store.bytes());
+            let mut response = Response::new(Body::full(body));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(format.content_type()));
             response
         }
         ("/reload", false) if req.method() == Method::POST => match authorize(&gw, &req) {

@@ -338,10 +338,10 @@ impl Metrics {
         self.orphan_releases[how as usize].inc();
     }
 
-    /// Renders the exposition, refreshing sampled gauges first. The format is
-    /// OpenMetrics text (it ends in `# EOF` and has an `info` type): serve it as
-    /// [`CONTENT_TYPE`], or Prometheus rejects the whole scrape.
-    pub fn render(&self, store_entries: Option<usize>, store_bytes: Option<u64>) -> String {
+    /// Renders the exposition in `format`, refreshing sampled gauges first. Serve it as
+    /// [`Format::content_type`]: OpenMetrics labelled as the classic format (or the
+    /// reverse) makes Prometheus reject the whole scrape.
+    pub fn render(&self, format: Format, store_entries: Option<usize>, store_bytes: Option<u64>) -> String {
         if let Some(n) = store_entries {
             self.store_entries.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
@@ -351,8 +351,74 @@ impl Metrics {
         let mut out = String::with_capacity(8 * 1024);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        match format {
+            Format::OpenMetrics => out,
+            Format::Classic => classic(&out),
+        }
     }
+}
+
+/// The two text expositions a scraper may ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics text 1.0.0: what Prometheus asks for first.
+    OpenMetrics,
+    /// The classic text format 0.0.4: for every other client (curl, promtool, older
+    /// scrapers), which would refuse OpenMetrics' `info` type and `# EOF`.
+    Classic,
+}
+
+impl Format {
+    /// OpenMetrics only for a client whose `Accept` names it.
+    pub fn negotiate(accept: &http::HeaderMap) -> Format {
+        let names_it = |v: &http::HeaderValue| {
+            v.to_str()
+                .is_ok_and(|v| v.to_ascii_lowercase().contains("application/openmetrics-text"))
+        };
+        if accept.get_all(http::header::ACCEPT).iter().any(names_it) {
+            Format::OpenMetrics
+        } else {
+            Format::Classic
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Classic => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// The classic text format of an OpenMetrics text exposition: a counter family is
+/// named with its samples' `_total`, the info family becomes the gauge `<name>_info`,
+/// and `# UNIT` and `# EOF` go. Samples, gauges and histograms read the same in both.
+fn classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    // A family's HELP comes before its TYPE, which decides the name it goes under.
+    let mut help = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').map_or("", |(_, text)| text));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.rsplit_once(' ').unwrap_or((rest, "unknown"));
+            let (suffix, kind) = match kind {
+                "counter" => ("_total", "counter"),
+                "info" => ("_info", "gauge"),
+                "unknown" => ("", "untyped"),
+                other => ("", other),
+            };
+            if let Some(text) = help.take() {
+                // OpenMetrics escapes `"` in HELP; the classic format does not.
+                out.push_str(&format!("# HELP {name}{suffix} {}\n", text.replace("\\\"", "\"")));
+            }
+            out.push_str(&format!("# TYPE {name}{suffix} {kind}\n"));
+        } else if !(line.starts_with("# UNIT ") || line == "# EOF") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 impl Default for Metrics {
@@ -360,9 +426,6 @@ impl Default for Metrics {
         Self::new()
     }
 }
-
-/// The `Content-Type` of what [`Metrics::render`] writes (OpenMetrics text 1.0.0).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One route's counters, resolved when the route is built.
 #[derive(Clone)]

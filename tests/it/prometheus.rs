@@ -183,6 +183,64 @@ fn by_outcome(result: &[(BTreeMap<String, String>, f64)]) -> BTreeMap<String, f6
     result.iter().map(|(l, v)| (l["outcome"].clone(), *v)).collect()
 }
 
+/// A client that does not ask for OpenMetrics (curl, promtool) gets the classic text
+/// format, which `promtool check metrics` (Debian's, 2.42) accepts without a lint
+/// remark, with the same counts; Prometheus's own `Accept` still gets OpenMetrics.
+#[tokio::test]
+async fn promtool_checks_what_a_plain_client_gets_and_prometheus_is_offered_openmetrics() {
+    use std::io::Write;
+    let upstream = Upstream::ok().await;
+    let (gw, expected) = gateway_with_traffic(&upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    let plain = admin.send(Method::GET, "/metrics", &[], "").await;
+    assert_eq!(
+        plain.headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let counted: BTreeMap<String, f64> = plain
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("dedup_requests_total{route=\"bot\",outcome=\""))
+        .filter_map(|l| l.split_once("\"} "))
+        .map(|(outcome, v)| (outcome.to_owned(), v.parse().expect("a number")))
+        .collect();
+    assert_eq!(counted, expected);
+    let promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut promtool) = promtool else {
+        panic!(
+            "promtool not found: install it with `sudo apt-get install -y --no-install-recommends prometheus` \
+             (or run .ci/test, which does)"
+        );
+    };
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(plain.body.as_bytes())
+        .expect("write to promtool");
+    let out = promtool.wait_with_output().expect("promtool");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && said.trim().is_empty(), "promtool: {said}");
+
+    let accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+                  text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let om = admin.send(Method::GET, "/metrics", &[("accept", accept)], "").await;
+    assert_eq!(
+        om.headers["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(om.body.ends_with("# EOF\n") && om.body.contains("# TYPE dedup_build info"));
+}
+
 #[tokio::test]
 async fn a_real_prometheus_scrapes_the_gateway_and_counts_what_was_sent() {
     let upstream = Upstream::ok().await;

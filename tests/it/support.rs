@@ -341,7 +341,10 @@ impl TestGateway {
 
     /// The Prometheus text the admin listener would serve.
     pub fn metrics(&self) -> String {
-        self.gw.metrics.render(self.gw.store.entries(), self.gw.store.bytes())
+        let format = dedup_gateway::metrics::Format::OpenMetrics;
+        self.gw
+            .metrics
+            .render(format, self.gw.store.entries(), self.gw.store.bytes())
     }
 
     /// The value of one sample line, e.g. `dedup_requests_total{route="bot",outcome="forwarded"}`.

@@ -554,17 +554,33 @@ impl RedisStore {
             del_if_eq: AtomicBool::new(true),
             local_waits: LocalWaits::default(),
         };
+        let mut unreachable = Vec::new();
         for url in target.urls() {
-            let server = check_server(url, timeout).await?;
-            if !server.set_if_eq {
-                store.set_if_eq.store(false, Ordering::Relaxed);
-            }
-            if !server.del_if_eq {
-                store.del_if_eq.store(false, Ordering::Relaxed);
+            match check_server(url, timeout).await {
+                Ok(server) => {
+                    if !server.set_if_eq {
+                        store.set_if_eq.store(false, Ordering::Relaxed);
+                    }
+                    if !server.del_if_eq {
+                        store.del_if_eq.store(false, Ordering::Relaxed);
+                    }
+                }
+                Err(Check::Unusable(error)) => return Err(error),
+                Err(Check::Unreachable(error)) => {
+                    tracing::warn!(%error, "redis not reachable at start: serving anyway, not ready and per \
+                        store.on_error, until it answers");
+                    unreachable.push(url.clone());
+                }
             }
         }
-        store.load_scripts().await?;
-        store.prepare_thread().await;
+        if unreachable.is_empty() {
+            store.load_scripts().await?;
+            store.prepare_thread().await;
+        } else {
+            // Calls connect as they go; IFEQ support is learnt from the first reply and
+            // the scripts load on the first NOSCRIPT. Only the check's log is left.
+            check_later(unreachable, timeout);
+        }
         Ok(store)
     }
 
@@ -685,25 +701,35 @@ struct Server {
     del_if_eq: bool,
 }
 
+/// Why the start-up check of a server failed.
+enum Check {
+    /// No answer: the gateway starts all the same (a store outage at start is one
+    /// like any other), and checks again in the background.
+    Unreachable(StoreError),
+    /// It answered, and cannot be the store: the gateway does not start.
+    Unusable(StoreError),
+}
+
 /// Start-up checks on one server: version and eviction policy.
-async fn check_server(url: &str, timeout: Duration) -> Result<Server, StoreError> {
+async fn check_server(url: &str, timeout: Duration) -> Result<Server, Check> {
     let shown = redact(url);
-    let client = redis::Client::open(url).map_err(|e| unavailable("invalid url", &e))?;
+    let unreachable = |why: String| Check::Unreachable(StoreError::Unavailable(format!("{shown}: {why}")));
+    let client = redis::Client::open(url).map_err(|e| Check::Unusable(unavailable("invalid url", &e)))?;
     let mut conn = tokio::time::timeout(timeout * 4, client.get_multiplexed_async_connection())
         .await
-        .map_err(|_| StoreError::Unavailable(format!("{shown}: no connection within {:?}", timeout * 4)))?
-        .map_err(|e| StoreError::Unavailable(format!("{shown}: {e}")))?;
+        .map_err(|_| unreachable(format!("no connection within {:?}", timeout * 4)))?
+        .map_err(|e| unreachable(e.to_string()))?;
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn)
         .await
-        .map_err(|e| StoreError::Unavailable(format!("{shown}: INFO failed: {e}")))?;
+        .map_err(|e| unreachable(format!("INFO failed: {e}")))?;
     let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
     let version = field("redis_version:").unwrap_or("unknown");
     if major_minor(version) < (7, 0) {
-        return Err(StoreError::Unavailable(format!(
+        return Err(Check::Unusable(StoreError::Unavailable(format!(
             "{shown}: Redis {version} is too old; dedup-gateway needs Redis >= 7 (SET NX GET)"
-        )));
+        ))));
     }
     let policy: Result<Vec<String>, _> = redis::cmd("CONFIG")
         .arg("GET")
@@ -724,6 +750,25 @@ async fn check_server(url: &str, timeout: Duration) -> Result<Server, StoreError
     let (set_if_eq, del_if_eq) = (set_if_eq(version, valkey), del_if_eq(version, valkey));
     tracing::info!(server = %shown, %version, set_if_eq, del_if_eq, "redis store checked");
     Ok(Server { set_if_eq, del_if_eq })
+}
+
+/// Checks `urls`, not reachable at start, once a second until each answers: for the
+/// log (its version and eviction policy), and an error there for a server too old.
+fn check_later(urls: Vec<String>, timeout: Duration) {
+    tokio::spawn(async move {
+        for url in urls {
+            loop {
+                match check_server(&url, timeout).await {
+                    Ok(_) => break,
+                    Err(Check::Unusable(error)) => {
+                        tracing::error!(%error, "redis store cannot serve: every store call will fail");
+                        break;
+                    }
+                    Err(Check::Unreachable(_)) => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+        }
+    });
 }
 
 /// Whether a server has `SET ... IFEQ`: Valkey from 8.1 (which reports itself as

@@ -238,6 +238,27 @@ async fn a_failover_behind_a_stable_address_heals_without_a_restart() {
     assert_eq!(upstream.count(), 21);
 }
 
+/// Redis down when the gateway starts is an outage like any other: it starts, is not
+/// ready, answers per `on_error`, and serves (deduping) once Redis answers.
+#[tokio::test]
+async fn a_gateway_started_while_redis_is_down_serves_once_it_comes_up() {
+    let mut server = RedisServer::start().await;
+    server.kill(); // the port stays reserved for the restart
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&redis_cfg(&server.url()), &upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    eventually_ready(&admin, 503).await;
+    let r = gw.client().post("/hook", &msg("early")).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (503, "store-unavailable"), "{r:?}");
+    assert_eq!(r.headers["retry-after"], "1");
+    server.restart().await;
+    eventually_ready(&admin, 200).await;
+    assert_eq!(gw.client().post("/hook", &msg("early")).await.dedup(), "forwarded");
+    assert_eq!(gw.client().post("/hook", &msg("early")).await.dedup(), "duplicate");
+    assert!(server.cli(&["GET", "dedup:bot:early"]).contains("completed"));
+    assert_eq!(upstream.count(), 1);
+}
+
 /// PING answers on a read-only replica; claims do not land there. Readiness must say
 /// whether writes work.
 #[tokio::test]

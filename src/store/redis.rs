@@ -706,24 +706,40 @@ enum Check {
     /// No answer: the gateway starts all the same (a store outage at start is one
     /// like any other), and checks again in the background.
     Unreachable(StoreError),
-    /// It answered, and cannot be the store: the gateway does not start.
+    /// It answered, and cannot be the store (too old, or it refuses the credentials: a
+    /// config mistake): the gateway does not start.
     Unusable(StoreError),
+}
+
+impl Check {
+    /// A failed connection or first command: refused credentials make the server
+    /// unusable, anything else unreachable for now.
+    fn of(shown: &str, e: &RedisError) -> Check {
+        let error = StoreError::Unavailable(format!("{shown}: {e}"));
+        if e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) {
+            Check::Unusable(error)
+        } else {
+            Check::Unreachable(error)
+        }
+    }
 }
 
 /// Start-up checks on one server: version and eviction policy.
 async fn check_server(url: &str, timeout: Duration) -> Result<Server, Check> {
     let shown = redact(url);
-    let unreachable = |why: String| Check::Unreachable(StoreError::Unavailable(format!("{shown}: {why}")));
     let client = redis::Client::open(url).map_err(|e| Check::Unusable(unavailable("invalid url", &e)))?;
     let mut conn = tokio::time::timeout(timeout * 4, client.get_multiplexed_async_connection())
         .await
-        .map_err(|_| unreachable(format!("no connection within {:?}", timeout * 4)))?
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|_| {
+            let why = format!("{shown}: no connection within {:?}", timeout * 4);
+            Check::Unreachable(StoreError::Unavailable(why))
+        })?
+        .map_err(|e| Check::of(&shown, &e))?;
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn)
         .await
-        .map_err(|e| unreachable(format!("INFO failed: {e}")))?;
+        .map_err(|e| Check::of(&shown, &e))?;
     let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
     let version = field("redis_version:").unwrap_or("unknown");
     if major_minor(version) < (7, 0) {

@@ -676,23 +676,33 @@ async fn three_gateway_processes_sharing_one_redis_deliver_each_id_once() {
     three_gateways_deliver_each_of_3000_ids_once(&cfg, &upstream).await;
 }
 
+/// A Redis that does not answer at start: the process serves, not ready, and says
+/// why (the start itself is tested in `edges`). One that refuses the password is a
+/// config mistake: exit 1. An evicting one gets a warning.
 #[tokio::test]
-async fn refuses_to_start_without_redis_and_warns_about_evicting_redis() {
+async fn starts_not_ready_without_redis_refuses_a_wrong_password_and_warns_about_evicting_redis() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("redis://{}/0", dead.local_addr().expect("addr"));
     drop(dead);
-    let cfg = crate::process::TempFile::new("g.toml", &redis_cfg(&url).toml("http://127.0.0.1:9"));
+    let p = GatewayProcess::start(&redis_cfg(&url).toml("http://127.0.0.1:9")).await;
+    let admin = Client::http1(p.admin.expect("admin"));
+    wait_ready(&admin, 503).await;
+    let logs = p.logs.lock().expect("logs").join("\n");
+    assert!(logs.contains("redis not reachable at start"), "{logs}");
+    drop(p);
+
+    let locked = RedisServer::start().await;
+    locked.cli(&["CONFIG", "SET", "requirepass", "right"]);
+    let wrong = format!("redis://:wrong@127.0.0.1:{}/0", locked.port);
+    let cfg = crate::process::TempFile::new("g.toml", &redis_cfg(&wrong).toml("http://127.0.0.1:9"));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-gateway"))
         .arg("--config")
         .arg(&cfg.0)
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("store"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("store") && !stderr.contains("wrong@"), "{stderr}");
 
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]).await;
     let p = GatewayProcess::start(&redis_cfg(&server.url()).toml("http://127.0.0.1:9")).await;

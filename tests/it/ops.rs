@@ -8,8 +8,10 @@ use crate::process::GatewayProcess;
 use crate::servers::RedisServer;
 use crate::support::{Cfg, Client, Gate, Reply, TestGateway, Upstream, metric_value, msg, within};
 
+/// `/metrics` as Prometheus asks for it (its `Accept` names OpenMetrics first).
 async fn scrape(admin: &Client) -> String {
-    let r = admin.send(Method::GET, "/metrics", &[], "").await;
+    let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let r = admin.send(Method::GET, "/metrics", &[("accept", accept)], "").await;
     assert_eq!(r.status, 200);
     // OpenMetrics text (`# EOF`, an `info` type), labelled as such: a stock Prometheus
     // parses the body by this header and rejects the whole scrape on a mismatch.

@@ -1222,15 +1222,15 @@ impl Store for RedisStore {
     }
 
     /// A write, not a PING: a replica answers PING but refuses writes, and readiness
-    /// must say whether claims can land. `PSETEX` rather than `SET` keeps it apart from
-    /// the claims in `INFO commandstats`.
+    /// must say whether claims can land. The key is unlinked at once, so the store
+    /// holds nothing but markers (`DBSIZE`, `KEYS <prefix>*`). `PSETEX` and `UNLINK`
+    /// rather than `SET` and `DEL` keep it apart from the claims in `INFO commandstats`.
     async fn ping(&self) -> Result<(), StoreError> {
-        let args = [
-            self.health_key.as_str().into(),
-            Arg::Int(10_000),
-            Arg::Int(super::unix_ms()),
-        ];
+        let key = self.health_key.as_str();
+        let args = [key.into(), Arg::Int(10_000), Arg::Int(super::unix_ms())];
         self.call::<redis::Value>(&self.health, Call::Cmd("PSETEX", &args))
+            .await?;
+        self.call::<redis::Value>(&self.health, Call::Cmd("UNLINK", &[key.into()]))
             .await
             .map(drop)
     }

@@ -440,7 +440,13 @@ async fn readiness_follows_redis_and_recovers_by_itself() {
     assert_eq!(r.headers["retry-after"], "1");
     server.restart().await;
     wait_ready(&admin, 200).await;
+    // The readiness write leaves no key behind: Redis holds markers only.
+    let checks = || server.command_calls().get("psetex").copied().unwrap_or(0);
+    let seen = checks();
+    eventually("two more readiness writes", || checks() >= seen + 2).await;
+    assert_eq!(server.cli(&["DBSIZE"]).trim(), "0");
     assert_eq!(gw.client().post("/hook", &msg("down")).await.dedup(), "forwarded");
+    assert_eq!(server.cli(&["DBSIZE"]).trim(), "1");
 }
 
 /// Polls `fut` once, with a waker that does nothing: whether it is ready now.

@@ -75,13 +75,16 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
         let io = TokioIo::new(Watched::new(stream, prefix, Frames::new(Arc::clone(&activity))));
         let conn = protocols.h2.serve_connection(io, service);
         let watchdog = watchdog(&activity, &protocols, None);
-        drive(conn, &protocols.draining, watchdog).await
+        drive(conn, &protocols.draining, watchdog, || {
+            activity.writes.load(Ordering::Relaxed)
+        })
+        .await
     } else {
         // hyper's own header timer bounds heads and idle keep-alive on HTTP/1. A watch
         // is added only where that is not enough: `idle_timeout` shorter than
         // `header_timeout`, or a sniff that used part of the first head's time.
-        let activity = (protocols.idle_timeout < protocols.header_timeout || first_head_by.is_some())
-            .then(Arc::<Activity>::default);
+        let activity =
+            (protocols.idle_timeout < protocols.header_timeout || first_head_by.is_some()).then(Activity::http1);
         let service = service(gw, peer, activity.clone());
         let io = Watched::new(stream, Bytes::new(), Reads(activity.clone()));
         let io = TokioIo::new(FramingGuard::new(io, prefix, true));
@@ -92,7 +95,8 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
                 None => std::future::pending().await,
             }
         };
-        drive(conn, &protocols.draining, watchdog).await
+        let writes = || activity.as_ref().map_or(0, |a| a.writes.load(Ordering::Relaxed));
+        drive(conn, &protocols.draining, watchdog, writes).await
     };
     if let Err(e) = result {
         tracing::debug!(client = %addr, error = %e, "connection ended with an error");
@@ -117,13 +121,20 @@ enum Stop {
     Stalled,
 }
 
-/// How long an idle connection told to close may take to do so: an h2c client that
-/// never acknowledges the GOAWAY's PING would otherwise hold it open for good.
+/// How long an idle connection told to close may go without writing a byte before it
+/// is dropped: an h2c client that never acknowledges the GOAWAY's PING would otherwise
+/// hold it open for good, while a response still streaming out keeps writing.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs a connection until it ends, shutting it down gracefully when the drain starts
-/// or it sits idle, and dropping it when it stalls.
-async fn drive<C>(conn: C, draining: &Signal, watchdog: impl Future<Output = Stop>) -> Result<(), C::Error>
+/// or it sits idle, and dropping it when it stalls. `writes` counts the writes that
+/// carried bytes (see [`IDLE_CLOSE_GRACE`]).
+async fn drive<C>(
+    conn: C,
+    draining: &Signal,
+    watchdog: impl Future<Output = Stop>,
+    writes: impl Fn() -> u64,
+) -> Result<(), C::Error>
 where
     C: GracefulConnection,
 {
@@ -141,8 +152,16 @@ where
             stop = &mut watchdog, if !closing => match stop {
                 Stop::Idle => {
                     conn.as_mut().graceful_shutdown();
-                    // Idle: no request is lost by cutting a slow goodbye short.
-                    return tokio::time::timeout(IDLE_CLOSE_GRACE, conn).await.unwrap_or(Ok(()));
+                    loop {
+                        let before = writes();
+                        match tokio::time::timeout(IDLE_CLOSE_GRACE, conn.as_mut()).await {
+                            Ok(result) => return result,
+                            // Still writing: a response body on its way out.
+                            Err(_) if writes() != before => {}
+                            // Silent: no request is lost by cutting a slow goodbye short.
+                            Err(_) => return Ok(()),
+                        }
+                    }
                 }
                 Stop::Stalled => return Ok(()),
             },
@@ -200,8 +219,23 @@ pub(crate) struct Activity {
     open_header_block: AtomicU64,
     /// Requests handled so far (to tell a busy connection from an idle one).
     handled: AtomicU64,
-    /// HTTP/1: reads that brought bytes (a request on its way is not idle).
+    /// HTTP/1: reads that brought bytes, and their count when the last request was
+    /// answered: bytes read since then are a head on its way, not idleness.
     reads: AtomicU64,
+    reads_at_answer: AtomicU64,
+    /// Writes that carried bytes (a response on its way out).
+    writes: AtomicU64,
+}
+
+impl Activity {
+    /// An HTTP/1 connection's: the bytes the sniff read are the start of its first
+    /// head, counted as one read.
+    fn http1() -> Arc<Activity> {
+        Arc::new(Activity {
+            reads: AtomicU64::new(1),
+            ..Activity::default()
+        })
+    }
 }
 
 /// Counts one request in [`Activity::streams`] while it is handled (dropped with the
@@ -218,19 +252,22 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        let reads = self.0.reads.load(Ordering::Relaxed);
+        self.0.reads_at_answer.store(reads, Ordering::Relaxed);
         self.0.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// Ends when a connection should be closed: a header block open for longer than
 /// `header_timeout` (a slowloris on HEADERS/CONTINUATION frames: hyper sees no request
-/// until the block ends), no first request by `first_head_by`, or no request (and on
-/// HTTP/1 no byte of one) for `idle_timeout`.
+/// until the block ends), no first request by `first_head_by`, or no request for
+/// `idle_timeout`. On HTTP/1 a byte read since the last answer is the start of a
+/// request: hyper's header timer bounds it, not this.
 async fn watchdog(activity: &Activity, protocols: &Protocols, first_head_by: Option<Instant>) -> Stop {
     let (header, idle) = (protocols.header_timeout, protocols.idle_timeout);
     let started = Instant::now();
     let tick = (header.min(idle) / 4).max(Duration::from_millis(10));
-    let (mut idle_since, mut seen) = (started, (0, 0));
+    let (mut idle_since, mut seen) = (started, 0);
     loop {
         tokio::time::sleep(tick).await;
         let now = Instant::now();
@@ -238,15 +275,14 @@ async fn watchdog(activity: &Activity, protocols: &Protocols, first_head_by: Opt
         if opened != 0 && now.duration_since(started) > Duration::from_millis(opened) + header {
             return Stop::Stalled;
         }
-        let now_seen = (
-            activity.handled.load(Ordering::Relaxed),
-            activity.reads.load(Ordering::Relaxed),
-        );
-        if now_seen.0 == 0 && first_head_by.is_some_and(|by| now >= by) {
+        let handled = activity.handled.load(Ordering::Relaxed);
+        if handled == 0 && first_head_by.is_some_and(|by| now >= by) {
             return Stop::Stalled;
         }
-        if activity.streams.load(Ordering::Relaxed) > 0 || now_seen != seen {
-            (idle_since, seen) = (now, now_seen);
+        let head_on_its_way =
+            activity.reads.load(Ordering::Relaxed) != activity.reads_at_answer.load(Ordering::Relaxed);
+        if activity.streams.load(Ordering::Relaxed) > 0 || head_on_its_way || handled != seen {
+            (idle_since, seen) = (now, handled);
         } else if now.duration_since(idle_since) >= idle {
             return Stop::Idle;
         }
@@ -261,9 +297,10 @@ struct Watched<T> {
     tracker: T,
 }
 
-/// Sees the bytes of each read.
+/// Sees the bytes of each read, and each write that carried bytes.
 trait Tracker {
     fn feed(&mut self, bytes: &[u8]);
+    fn activity(&self) -> Option<&Activity>;
 }
 
 /// HTTP/1: counts reads into [`Activity::reads`] where the connection has a watchdog.
@@ -276,6 +313,10 @@ impl Tracker for Reads {
         {
             activity.reads.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    fn activity(&self) -> Option<&Activity> {
+        self.0.as_deref()
     }
 }
 
@@ -350,6 +391,10 @@ impl Tracker for Frames {
             }
         }
     }
+
+    fn activity(&self) -> Option<&Activity> {
+        Some(&self.activity)
+    }
 }
 
 impl<T: Tracker + Unpin> AsyncRead for Watched<T> {
@@ -371,9 +416,20 @@ impl<T: Tracker + Unpin> AsyncRead for Watched<T> {
     }
 }
 
-impl<T: Unpin> AsyncWrite for Watched<T> {
+impl<T: Tracker> Watched<T> {
+    /// Counts a write that carried bytes.
+    fn wrote(&self, poll: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if let (Poll::Ready(Ok(1..)), Some(activity)) = (&poll, self.tracker.activity()) {
+            activity.writes.fetch_add(1, Ordering::Relaxed);
+        }
+        poll
+    }
+}
+
+impl<T: Tracker + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
+        let poll = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.wrote(poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -389,7 +445,8 @@ impl<T: Unpin> AsyncWrite for Watched<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(poll)
     }
 
     fn is_write_vectored(&self) -> bool {

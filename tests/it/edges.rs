@@ -525,6 +525,85 @@ async fn an_h2_header_block_left_open_is_cut_off_by_header_timeout() {
     assert_eq!(upstream.count(), 1);
 }
 
+/// With `idle_timeout` the shorter, a head that pauses for longer than `idle_timeout`
+/// (but ends within `header_timeout`) is a request on its way: served, not closed as
+/// idle. The pause comes after bytes the protocol sniff took whole.
+#[tokio::test]
+async fn a_head_pausing_longer_than_idle_timeout_is_still_served() {
+    use tokio::io::AsyncReadExt;
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new()
+        .server("header_timeout = \"60s\"")
+        .server("idle_timeout = \"800ms\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let body = msg("paused-head");
+    let (mut read, mut write) = TcpStream::connect(gw.addr).await.expect("connect").into_split();
+    write.write_all(b"POST /hook HTTP/1.1\r\n").await.expect("head");
+    // The scenario itself: a pause of about twice idle_timeout.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let rest = format!(
+        "Host: gw\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    write.write_all(rest.as_bytes()).await.expect("rest");
+    let mut answer = Vec::new();
+    let _ = crate::support::within("the answer", read.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-dedup-status: forwarded"), "{answer}");
+    assert_eq!(upstream.count(), 1);
+}
+
+/// A raw upstream answering each request with `chunks` one-byte chunks, one every
+/// `gap`: a response that streams for longer than `idle_timeout`.
+fn streaming_upstream(chunks: usize, gap: Duration) -> http::uri::Authority {
+    let (listener, authority) = crate::support::raw_listener();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                use std::io::Write;
+                while crate::support::read_raw_request(&mut stream).is_some() {
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+                    for _ in 0..chunks {
+                        std::thread::sleep(gap);
+                        if stream.write_all(b"1\r\nx\r\n").is_err() {
+                            return;
+                        }
+                    }
+                    let _ = stream.write_all(b"0\r\n\r\n");
+                }
+            });
+        }
+    });
+    authority
+}
+
+/// A response still streaming out when its connection has had no new request for
+/// `idle_timeout` is delivered whole: on h2c (the idle GOAWAY) and on HTTP/1 (with
+/// `idle_timeout` the shorter, so that the watchdog runs).
+#[tokio::test]
+async fn a_response_streaming_past_idle_timeout_is_delivered_whole() {
+    let upstream = format!("http://{}", streaming_upstream(8, Duration::from_millis(300)));
+    let http1 = Cfg::new()
+        .server("header_timeout = \"60s\"")
+        .server("idle_timeout = \"800ms\"");
+    for (cfg, h2) in [(slow_cfg(), true), (http1, false)] {
+        let gw = TestGateway::start_toml(&cfg.toml(&upstream)).await;
+        let client = if h2 {
+            Client::h2c(gw.addr)
+        } else {
+            Client::http1(gw.addr)
+        };
+        let r = client.send(http::Method::GET, "/hook", &[], "").await;
+        assert_eq!(
+            (r.status.as_u16(), r.body.as_str(), r.dedup()),
+            (200, "xxxxxxxx", "bypass"),
+            "h2c: {h2}"
+        );
+    }
+}
+
 /// An idle h2c connection whose client never answers the GOAWAY's PING is closed all
 /// the same.
 #[tokio::test]

@@ -82,6 +82,9 @@ pub struct RedisStore {
     /// Release with `DELEX ... IFEQ` rather than [`RELEASE_LUA`], by the same rules.
     del_if_eq: AtomicBool,
     local_waits: LocalWaits,
+    /// Set when a server that did not answer at start answers and cannot be the store
+    /// (why): readiness then fails for good, as the claims do.
+    unusable: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Requests of this process waiting on a marker that another request of this process
@@ -553,6 +556,7 @@ impl RedisStore {
             set_if_eq: AtomicBool::new(true),
             del_if_eq: AtomicBool::new(true),
             local_waits: LocalWaits::default(),
+            unusable: Arc::default(),
         };
         let mut unreachable = Vec::new();
         for url in target.urls() {
@@ -579,7 +583,7 @@ impl RedisStore {
         } else {
             // Calls connect as they go; IFEQ support is learnt from the first reply and
             // the scripts load on the first NOSCRIPT. Only the check's log is left.
-            check_later(unreachable, timeout);
+            check_later(unreachable, timeout, &store.unusable);
         }
         Ok(store)
     }
@@ -712,14 +716,27 @@ enum Check {
 }
 
 impl Check {
-    /// A failed connection or first command: refused credentials make the server
-    /// unusable, anything else unreachable for now.
+    /// A failed connection or first command. Unreachable for now: the network (refused,
+    /// reset, timed out, a name not resolvable yet) or a server that says "not now"
+    /// (`LOADING`, ...). Anything else is a config mistake or a server that will not do:
+    /// refused credentials, a database it will not select, a TLS certificate not
+    /// trusted, a command the ACL denies.
     fn of(shown: &str, e: &RedisError) -> Check {
         let error = StoreError::Unavailable(format!("{shown}: {e}"));
-        if e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) {
-            Check::Unusable(error)
-        } else {
+        // redis-rs keeps an I/O error as an `Arc<dyn Error>`; TLS failures are
+        // `InvalidData` in it (tokio-rustls).
+        let io_kind = std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>())
+            .and_then(|inner| inner.downcast_ref::<std::io::Error>())
+            .map(std::io::Error::kind);
+        let not_now = matches!(
+            e.code(),
+            Some("LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "BUSY")
+        );
+        if not_now || (e.kind() == ErrorKind::Io && io_kind != Some(std::io::ErrorKind::InvalidData)) {
             Check::Unreachable(error)
+        } else {
+            Check::Unusable(error)
         }
     }
 }
@@ -768,23 +785,26 @@ async fn check_server(url: &str, timeout: Duration) -> Result<Server, Check> {
     Ok(Server { set_if_eq, del_if_eq })
 }
 
-/// Checks `urls`, not reachable at start, once a second until each answers: for the
-/// log (its version and eviction policy), and an error there for a server too old.
-fn check_later(urls: Vec<String>, timeout: Duration) {
-    tokio::spawn(async move {
-        for url in urls {
+/// Checks each of `urls`, not reachable at start, once a second until it answers: for
+/// the log (its version and eviction policy), and, for a server that cannot be the
+/// store, an error there and `unusable` set (readiness fails from then on).
+fn check_later(urls: Vec<String>, timeout: Duration, unusable: &Arc<std::sync::OnceLock<String>>) {
+    for url in urls {
+        let unusable = Arc::clone(unusable);
+        tokio::spawn(async move {
             loop {
                 match check_server(&url, timeout).await {
-                    Ok(_) => break,
+                    Ok(_) => return,
                     Err(Check::Unusable(error)) => {
-                        tracing::error!(%error, "redis store cannot serve: every store call will fail");
-                        break;
+                        tracing::error!(%error, "redis store cannot serve: not ready, every store call fails");
+                        let _ = unusable.set(error.to_string());
+                        return;
                     }
                     Err(Check::Unreachable(_)) => tokio::time::sleep(Duration::from_secs(1)).await,
                 }
             }
-        }
-    });
+        });
+    }
 }
 
 /// Whether a server has `SET ... IFEQ`: Valkey from 8.1 (which reports itself as
@@ -1226,6 +1246,9 @@ impl Store for RedisStore {
     /// holds nothing but markers (`DBSIZE`, `KEYS <prefix>*`). `PSETEX` and `UNLINK`
     /// rather than `SET` and `DEL` keep it apart from the claims in `INFO commandstats`.
     async fn ping(&self) -> Result<(), StoreError> {
+        if let Some(why) = self.unusable.get() {
+            return Err(StoreError::Unavailable(why.clone()));
+        }
         let key = self.health_key.as_str();
         let args = [key.into(), Arg::Int(10_000), Arg::Int(super::unix_ms())];
         self.call::<redis::Value>(&self.health, Call::Cmd("PSETEX", &args))

@@ -223,10 +223,13 @@ fn parse_server(section: Option<Section>, problems: &mut Problems) -> Option<Ser
     if server.workers == 0 {
         problems.push(s.path_of("workers"), "must be at least 1");
     }
+    // A wildcard takes its own family's addresses, and IPv6's (dual-stack on Linux)
+    // IPv4's too.
+    let covers = |w: std::net::IpAddr, other: std::net::IpAddr| w.is_unspecified() && (w.is_ipv6() || other.is_ipv4());
     if let (proxy, Some(admin)) = (server.listen, server.admin_listen)
         && proxy.port() != 0
         && proxy.port() == admin.port()
-        && (proxy.ip() == admin.ip() || proxy.ip().is_unspecified() || admin.ip().is_unspecified())
+        && (proxy.ip() == admin.ip() || covers(proxy.ip(), admin.ip()) || covers(admin.ip(), proxy.ip()))
     {
         problems.push(
             s.path_of("admin_listen"),

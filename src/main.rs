@@ -176,15 +176,32 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `println!` into a `String` (which cannot fail), printed whole by [`print_all`].
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Writes `text` to stdout. A reader that has gone (`check | head -1`) ends the
+/// output; `println!` would panic there.
+fn print_all(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
 fn check(path: &Path) -> anyhow::Result<ExitCode> {
     let config = load(path)?;
+    let mut out = String::new();
     let s = &config.server;
     let d = |d: std::time::Duration| humantime::format_duration(d).to_string();
-    println!("{}: OK", path.display());
+    say!(out, "{}: OK", path.display());
     for warning in &config.warnings {
-        println!("warning: {warning}");
+        say!(out, "warning: {warning}");
     }
-    println!(
+    say!(
+        out,
         "server: listen {}, admin {}, max_body {} bytes, header_timeout {}, shutdown_delay {}, shutdown_grace {}",
         s.listen,
         s.admin_listen.map_or("off".to_owned(), |a| a.to_string()),
@@ -194,7 +211,8 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         d(s.shutdown_grace),
     );
     let trusted: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
-    println!(
+    say!(
+        out,
         "  trusted_proxies [{}], admin token {}",
         trusted.join(", "),
         if s.admin_token.is_some() {
@@ -213,15 +231,17 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         }
         Backend::Redis { target, pool_size } => format!("redis {target} (pool_size {pool_size})"),
     };
-    println!(
+    say!(
+        out,
         "store: {backend}, timeout {}, key_prefix {:?}, on_error {}",
         d(st.timeout),
         st.key_prefix,
         name_of(st.on_error)
     );
     for route in &config.routes {
-        print_route(route, st.timeout);
+        print_route(&mut out, route, st.timeout);
     }
+    print_all(&out);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -229,20 +249,22 @@ fn name_of<T: dedup_gateway::config::read::Choice + PartialEq>(value: T) -> &'st
     T::NAMES.iter().find(|(_, v)| *v == value).map_or("?", |(n, _)| n)
 }
 
-fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
+fn print_route(out: &mut String, r: &RouteConfig, store_timeout: std::time::Duration) {
     let p = &r.policy;
     let d = |d: std::time::Duration| humantime::format_duration(d).to_string();
     let keys: Vec<&str> = r.key.alternatives().iter().map(|a| a.text()).collect();
-    println!("route {:?}: {} -> {}", r.name, r.path, r.upstream);
-    println!("  key = [{}]", keys.join(", "));
-    println!(
+    say!(out, "route {:?}: {} -> {}", r.name, r.path, r.upstream);
+    say!(out, "  key = [{}]", keys.join(", "));
+    say!(
+        out,
         "  upstream_timeout {}, processing_ttl {} (> {} = upstream_timeout + 4 x store.timeout), completed_ttl {}",
         d(p.upstream_timeout),
         d(p.processing_ttl),
         d(processing_ttl_floor(p.upstream_timeout, store_timeout)),
         d(p.completed_ttl)
     );
-    println!(
+    say!(
+        out,
         "  on_in_flight {} (in_flight_wait {}), on_upstream_timeout {}, mode {}, on_missing_key {}, replay {}",
         name_of(p.on_in_flight),
         d(p.in_flight_wait),
@@ -251,7 +273,8 @@ fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
         name_of(p.on_missing_key),
         p.replay
     );
-    println!(
+    say!(
+        out,
         "  duplicate answer: {} {:?} ({})",
         p.duplicate.status.as_u16(),
         String::from_utf8_lossy(&p.duplicate.body),
@@ -264,8 +287,9 @@ fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
         } else {
             s.filled.join(", ")
         };
-        println!("  preset {} (filled in: {filled})", s.preset.name);
-        println!(
+        say!(out, "  preset {} (filled in: {filled})", s.preset.name);
+        say!(
+            out,
             "  signature: {}; secret {}, aes_key {}, app_id {}",
             s.preset.scheme.describe(),
             set(s.has_secret),
@@ -273,7 +297,7 @@ fn print_route(r: &RouteConfig, store_timeout: std::time::Duration) {
             set(s.has_app_id)
         );
         for warning in senders::warnings(s, p.completed_ttl) {
-            println!("  warning: {warning}");
+            say!(out, "  warning: {warning}");
         }
     }
 }

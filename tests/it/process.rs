@@ -201,6 +201,26 @@ fn check_refuses_an_admin_listener_on_the_proxy_port() {
     );
 }
 
+/// `check | head -1`: a reader that has gone ends the output, without a panic.
+#[test]
+fn check_into_a_closed_pipe_exits_0_without_a_panic() {
+    let mut child = Command::new(BIN)
+        .args([
+            "check",
+            "--config",
+            &format!("{}/gateway.toml", env!("CARGO_MANIFEST_DIR")),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take()); // the reader goes before a line is written
+    let out = child.wait_with_output().expect("wait");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn serve_refuses_a_bad_config_before_listening() {
     let bad = TempFile::new("bad.toml", "[server]\nlisten = \"127.0.0.1:0\"\nbogus = 1\n");

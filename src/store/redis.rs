@@ -943,12 +943,13 @@ const TOKEN_FIELD: &str = ",\"token\":\"";
 /// undoing. One flat struct, not an enum tagged by `state`: serde reads a tagged enum
 /// by buffering the whole value first (callgrind: [`parse_marker`] took 2,600
 /// instructions per duplicate answered from Redis that way, 2,100 this way).
-/// [`parse_marker`] refuses the shapes no marker has.
 #[derive(Serialize, Deserialize)]
 struct Value<'a> {
     state: State,
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
     token: Option<Cow<'a, str>>,
+    /// Always written; missing (a value written by hand) reads as 0.
+    #[serde(default)]
     first_seen_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     completed_ms: Option<u64>,
@@ -1029,32 +1030,61 @@ fn completed_value_len(c: &Completion) -> usize {
     })
 }
 
-fn parse_marker(raw: &[u8]) -> Result<Marker, StoreError> {
-    parse_written(raw).map_or_else(|| parse_json(raw), Ok)
+/// Reads the value stored at `key`. What a gateway writes is read exactly; a value
+/// written by hand or by another tool as leniently as it can be. One that cannot be
+/// read at all is still a key someone holds: PROCESSING by a holder that is no request
+/// of this gateway, so it is neither forwarded past (not even with `on_error =
+/// "forward"`, which is for a store that does not answer) nor answered as a duplicate,
+/// and it ends with its TTL or an operator's `DELETE /keys/...?force=true`.
+fn parse_marker(key: &str, raw: &[u8]) -> Marker {
+    parse_written(raw).or_else(|| parse_json(raw)).unwrap_or_else(|| {
+        let shown = String::from_utf8_lossy(raw.get(..80).unwrap_or(raw)).into_owned();
+        tracing::warn!(key, value = %shown, "unreadable marker: taken as PROCESSING by another holder");
+        Marker::Processing {
+            token: foreign_token(raw),
+            first_seen_ms: 0,
+        }
+    })
 }
 
-/// Any stored value, through serde.
-fn parse_json(raw: &[u8]) -> Result<Marker, StoreError> {
-    let corrupt = |why: String| StoreError::Corrupt(why);
-    let value = serde_json::from_slice::<Value>(raw).map_err(|e| corrupt(e.to_string()))?;
+/// Any stored value, through serde: `None` when it is no marker at all. A token that is
+/// not one of ours (not hex) names a foreign holder; a stored response that does not
+/// read leaves the duplicate answer to the route.
+fn parse_json(raw: &[u8]) -> Option<Marker> {
+    let Ok(value) = serde_json::from_slice::<Value>(raw) else {
+        // The plain word some hand-rolled dedup writes for done.
+        return raw
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"completed")
+            .then_some(Marker::Completed {
+                first_seen_ms: 0,
+                response: None,
+            });
+    };
     let first_seen_ms = value.first_seen_ms;
-    match (value.state, value.token) {
-        (State::Processing, Some(token)) => {
-            let token = u128::from_str_radix(&token, 16).map_err(|e| corrupt(format!("token: {e}")))?;
-            Ok(Marker::Processing {
-                token: Token::from_u128(token),
-                first_seen_ms,
-            })
-        }
-        (State::Processing, None) => Err(corrupt("processing without a token".into())),
-        (State::Completed, _) => {
-            let response = value.response.map(stored_response).transpose()?.map(Arc::new);
-            Ok(Marker::Completed {
-                first_seen_ms,
-                response,
-            })
-        }
-    }
+    Some(match value.state {
+        State::Processing => Marker::Processing {
+            token: value
+                .token
+                .as_deref()
+                .and_then(|t| u128::from_str_radix(t, 16).ok())
+                .map_or_else(|| foreign_token(raw), Token::from_u128),
+            first_seen_ms,
+        },
+        State::Completed => Marker::Completed {
+            first_seen_ms,
+            response: value.response.and_then(|r| stored_response(r).ok()).map(Arc::new),
+        },
+    })
+}
+
+/// The holder of a PROCESSING value whose token is not one a gateway writes: derived
+/// from the value, so it is no request's of this gateway (a 128-bit collision aside).
+fn foreign_token(raw: &[u8]) -> Token {
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(raw);
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest[..16]);
+    Token::from_u128(u128::from_be_bytes(first))
 }
 
 /// The two values nearly every claim finds, read without serde: exactly as
@@ -1202,7 +1232,7 @@ impl Store for RedisStore {
         let previous: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("SET", &args)).await?;
         match previous {
             None => Ok(Claim::Claimed),
-            Some(raw) => parse_marker(&raw).map(Claim::Found),
+            Some(raw) => Ok(Claim::Found(parse_marker(key, &raw))),
         }
     }
 
@@ -1230,7 +1260,7 @@ impl Store for RedisStore {
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
         let raw: Option<Vec<u8>> = self.call(&self.conns(), Call::Cmd("GET", &[key.into()])).await?;
-        raw.map(|raw| parse_marker(&raw)).transpose()
+        Ok(raw.map(|raw| parse_marker(key, &raw)))
     }
 
     /// Woken at once by a holder in this process ([`LocalWaits`]); else a poll,
@@ -1272,15 +1302,18 @@ impl Store for RedisStore {
 /// The value and its TTL in one round trip, read at the same instant.
 const INSPECT_LUA: &str = r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
 
-/// Deletes the marker; a PROCESSING one only with ARGV[2] = '1'. Returns 0 absent,
-/// 1 COMPLETED deleted, 2 PROCESSING refused, 3 PROCESSING deleted.
+/// Deletes the marker; a PROCESSING one only with ARGV[1] = '1'. Returns 0 absent,
+/// 1 COMPLETED deleted, 2 PROCESSING refused, 3 PROCESSING deleted. PROCESSING is
+/// whatever is not COMPLETED, as [`parse_marker`] reads it: a value written by hand in
+/// another field order, or not a marker at all, is not forgotten without force.
 const FORGET_LUA: &str = r"local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local processing = string.sub(v, 1, #ARGV[1]) == ARGV[1]
-if processing and ARGV[2] ~= '1' then return 2 end
+local ok, m = pcall(cjson.decode, v)
+local completed = (ok and type(m) == 'table' and m.state == 'completed') or string.lower(v) == 'completed'
+if not completed and ARGV[1] ~= '1' then return 2 end
 redis.call('DEL', KEYS[1])
-if processing then return 3 end
-return 1";
+if completed then return 1 end
+return 3";
 
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
@@ -1291,7 +1324,7 @@ impl RedisStore {
             self.call(&self.conns(), Call::Script(&INSPECT, &[key.into()])).await?;
         let Some(raw) = raw else { return Ok(None) };
         let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-        Ok(Some(match parse_marker(&raw)? {
+        Ok(Some(match parse_marker(key, &raw) {
             Marker::Processing { first_seen_ms, .. } => KeyInfo {
                 state: KeyState::Processing,
                 first_seen_ms,
@@ -1311,11 +1344,7 @@ impl RedisStore {
     }
 
     async fn forget_key(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
-        let args = [
-            key.into(),
-            PROCESSING_PREFIX.into(),
-            if force { "1" } else { "0" }.into(),
-        ];
+        let args = [key.into(), if force { "1" } else { "0" }.into()];
         let outcome: i64 = self.call(&self.conns(), Call::Script(&FORGET, &args)).await?;
         Ok(match outcome {
             1 => Forgotten::Deleted(KeyState::Completed),
@@ -1347,7 +1376,7 @@ mod tests {
         let value = processing_value(token, 1_700_000_000_123);
         assert!(value.as_bytes().starts_with(&token_prefix(token)));
         assert_eq!(
-            parse_marker(value.as_bytes()).expect("parse"),
+            parse_marker("k", value.as_bytes()),
             Marker::Processing {
                 token,
                 first_seen_ms: 1_700_000_000_123
@@ -1355,7 +1384,7 @@ mod tests {
         );
         let other = Token::generate();
         assert!(!value.as_bytes().starts_with(&token_prefix(other)));
-        // FORGET_LUA tells PROCESSING from COMPLETED by this prefix.
+        // The fast reader (`parse_written`) recognises it by this prefix.
         assert!(value.starts_with(PROCESSING_PREFIX));
     }
 
@@ -1366,11 +1395,11 @@ mod tests {
         let longest = SmallValue::completed(u64::MAX, u64::MAX);
         assert_eq!(longest.as_bytes().len(), COMPLETED_SMALL_MAX);
         assert!(matches!(
-            parse_marker(longest.as_bytes()),
-            Ok(Marker::Completed {
+            parse_marker("k", longest.as_bytes()),
+            Marker::Completed {
                 first_seen_ms: u64::MAX,
                 response: None
-            })
+            }
         ));
     }
 
@@ -1398,7 +1427,7 @@ mod tests {
     fn values_in_the_stored_format_parse_and_broken_shapes_are_refused() {
         let processing = br#"{"state":"processing","token":"0123456789abcdef0000000000000007","first_seen_ms":5}"#;
         assert_eq!(
-            parse_marker(processing).expect("processing"),
+            parse_marker("k", processing),
             Marker::Processing {
                 token: Token::from_u128(0x0123_4567_89ab_cdef_0000_0000_0000_0007),
                 first_seen_ms: 5
@@ -1410,7 +1439,7 @@ mod tests {
         let Marker::Completed {
             first_seen_ms: 6,
             response: Some(response),
-        } = parse_marker(completed).expect("completed")
+        } = parse_marker("k", completed)
         else {
             panic!("not the completed marker")
         };
@@ -1418,19 +1447,40 @@ mod tests {
         assert_eq!(response.content_type, Some(HeaderValue::from_static("text/plain")));
         let bare = br#"{"state":"completed","first_seen_ms":6,"completed_ms":9}"#;
         assert!(matches!(
-            parse_marker(bare),
-            Ok(Marker::Completed { response: None, .. })
+            parse_marker("k", bare),
+            Marker::Completed { response: None, .. }
         ));
-        for broken in [
-            &br#"{"state":"processing","first_seen_ms":5}"#[..],
-            br#"{"state":"done","first_seen_ms":5}"#,
-            br#"{"state":"completed"}"#,
-            br#"{"state":"processing","token":"xyz","first_seen_ms":5}"#,
-        ] {
+        // Written by hand or by another tool: read as leniently as they can be.
+        let completed = [
+            &br#"{"state":"completed"}"#[..],
+            br#"{ "first_seen_ms": 6, "state": "completed" }"#,
+            br#"{"state":"completed","first_seen_ms":6,"response":{"status":99}}"#,
+            b"COMPLETED",
+        ];
+        for done in completed {
+            let marker = parse_marker("k", done);
             assert!(
-                matches!(parse_marker(broken), Err(StoreError::Corrupt(_))),
-                "{}",
-                String::from_utf8_lossy(broken)
+                matches!(marker, Marker::Completed { response: None, .. }),
+                "{}: {marker:?}",
+                String::from_utf8_lossy(done)
+            );
+        }
+        // Anything else is held by someone who is none of this gateway's requests.
+        let ours = Token::generate();
+        for held in [
+            &br#"{"state":"processing","first_seen_ms":5}"#[..],
+            br#"{"state":"processing","token":"someone-else","first_seen_ms":5}"#,
+            br#"{"first_seen_ms":1,"token":"00000000000000000000000000000001","state":"processing"}"#,
+            br#"{"state":"done","first_seen_ms":5}"#,
+            b"1",
+            b"PROCESSING",
+            b"\xff\x00",
+        ] {
+            let marker = parse_marker("k", held);
+            assert!(
+                matches!(marker, Marker::Processing { token, .. } if token != ours),
+                "{}: {marker:?}",
+                String::from_utf8_lossy(held)
             );
         }
     }
@@ -1484,7 +1534,7 @@ mod tests {
             for value in values {
                 let fast = parse_written(&value);
                 assert!(fast.is_some(), "{}", String::from_utf8_lossy(&value));
-                assert_eq!(fast, parse_json(&value).ok());
+                assert_eq!(fast, parse_json(&value));
                 let mut changed = Vec::new();
                 for end in 0..value.len() {
                     changed.push(value[..end].to_vec());
@@ -1499,7 +1549,7 @@ mod tests {
                 for v in changed {
                     if let Some(fast) = parse_written(&v) {
                         let serde = parse_json(&v);
-                        assert_eq!(Some(fast), serde.ok(), "{}", String::from_utf8_lossy(&v));
+                        assert_eq!(Some(fast), serde, "{}", String::from_utf8_lossy(&v));
                     }
                 }
             }
@@ -1530,7 +1580,7 @@ mod tests {
             let Marker::Completed {
                 first_seen_ms,
                 response,
-            } = parse_marker(value.as_bytes()).expect("parse")
+            } = parse_marker("k", value.as_bytes())
             else {
                 panic!("not completed")
             };

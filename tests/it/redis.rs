@@ -425,6 +425,52 @@ async fn a_claim_whose_reply_is_lost_still_forwards_exactly_once() {
     assert_eq!(gw.metric(r#"dedup_store_errors_total{op="claim"}"#), 1.0);
 }
 
+/// Markers written by hand (`redis-cli SET`), in shapes a gateway does not write: a
+/// PROCESSING one with a foreign token or another field order is held (409, never
+/// forwarded, even with on_error = "forward", and not forgotten without force); a
+/// COMPLETED one without `first_seen_ms` is a duplicate; a value that is no marker at
+/// all is held too.
+#[tokio::test]
+async fn markers_written_by_hand_are_read_as_held_or_done_never_forwarded_past() {
+    let server = RedisServer::start().await;
+    let upstream = Upstream::ok().await;
+    let cfg = redis_cfg(&server.url())
+        .store("on_error = \"forward\"")
+        .route("on_in_flight = \"conflict\"");
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let client = gw.client();
+    let admin = Client::http1(gw.admin.expect("admin"));
+    for (id, value) in [
+        (
+            "foreign",
+            r#"{"state":"processing","token":"someone-else","first_seen_ms":1}"#,
+        ),
+        (
+            "reordered",
+            r#"{"first_seen_ms":1,"token":"00000000000000000000000000000001","state":"processing"}"#,
+        ),
+        ("not-json", "1"),
+    ] {
+        server.cli(&["SET", &format!("dedup:bot:{id}"), value, "PX", "60000"]);
+        let r = client.post("/hook", &msg(id)).await;
+        assert_eq!((r.status.as_u16(), r.dedup()), (409, "in-flight"), "{id}: {r:?}");
+        let r = admin.send(Method::DELETE, &format!("/keys/bot/{id}"), &[], "").await;
+        assert_eq!(r.status, 409, "{id}: not forgotten without force: {}", r.body);
+        assert!(
+            server.cli(&["EXISTS", &format!("dedup:bot:{id}")]).contains('1'),
+            "{id}"
+        );
+    }
+    server.cli(&["SET", "dedup:bot:done", r#"{"state":"completed"}"#, "PX", "60000"]);
+    assert_eq!(client.post("/hook", &msg("done")).await.dedup(), "duplicate");
+    assert_eq!(upstream.count(), 0);
+    let r = admin
+        .send(Method::DELETE, "/keys/bot/foreign?force=true", &[], "")
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(client.post("/hook", &msg("foreign")).await.dedup(), "forwarded");
+}
+
 #[tokio::test]
 async fn readiness_follows_redis_and_recovers_by_itself() {
     let mut server = RedisServer::start().await;

@@ -373,14 +373,22 @@ async fn a_head_trickled_byte_by_byte_is_cut_off_by_header_timeout() {
 /// but not of its first byte, is cut off.
 #[tokio::test]
 async fn the_wait_to_tell_http1_from_h2c_counts_against_header_timeout() {
-    use tokio::io::AsyncReadExt;
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&Cfg::new().server("header_timeout = \"1s\""), &upstream).await;
     let body = msg("sniffed-slowly");
-    let (mut read, mut write) = TcpStream::connect(gw.addr).await.expect("connect").into_split();
+    let head = format!("OST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n", body.len());
+    let answer = in_parts(gw.addr, [("P".into(), 900), (head, 700), ("\r\n".into(), 0), (body, 0)]).await;
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert_eq!(upstream.count(), 0);
+}
+
+/// Writes each part and then waits its pause (ms), keeping the write side open after
+/// the last; returns what the gateway answered by the time it closed the connection.
+async fn in_parts<const N: usize>(addr: std::net::SocketAddr, parts: [(String, u64); N]) -> String {
+    use tokio::io::AsyncReadExt;
+    let (mut read, mut write) = TcpStream::connect(addr).await.expect("connect").into_split();
     let writer = tokio::spawn(async move {
-        let head = format!("OST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n", body.len());
-        for (part, then) in [("P", 900), (head.as_str(), 700), ("\r\n", 0), (body.as_str(), 0)] {
+        for (part, then) in parts {
             if write.write_all(part.as_bytes()).await.is_err() {
                 return;
             }
@@ -389,11 +397,16 @@ async fn the_wait_to_tell_http1_from_h2c_counts_against_header_timeout() {
         std::future::pending::<()>().await; // keep the write side open
     });
     let mut answer = Vec::new();
-    let _ = crate::support::within("the gateway to cut the slow head off", read.read_to_end(&mut answer)).await;
+    let _ = crate::support::within("the gateway to close the connection", read.read_to_end(&mut answer)).await;
     writer.abort();
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert_eq!(upstream.count(), 0);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// `idle_timeout` the shorter of the two, so that HTTP/1 connections get a watchdog.
+fn idle_first_cfg() -> Cfg {
+    Cfg::new()
+        .server("header_timeout = \"60s\"")
+        .server("idle_timeout = \"800ms\"")
 }
 
 /// `idle_timeout` shorter than `header_timeout`: a head that takes longer than
@@ -403,10 +416,7 @@ async fn the_wait_to_tell_http1_from_h2c_counts_against_header_timeout() {
 #[tokio::test]
 async fn an_idle_http1_connection_is_closed_at_idle_timeout_when_that_is_the_shorter() {
     let upstream = Upstream::ok().await;
-    let cfg = Cfg::new()
-        .server("header_timeout = \"60s\"")
-        .server("idle_timeout = \"800ms\"");
-    let gw = TestGateway::start(&cfg, &upstream).await;
+    let gw = TestGateway::start(&idle_first_cfg(), &upstream).await;
     let body = msg("slow-head");
     let head = format!("POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: {}\r\n", body.len());
     let rest = format!("X-Slow: {}\r\n\r\n{body}", "s".repeat(20));
@@ -530,25 +540,15 @@ async fn an_h2_header_block_left_open_is_cut_off_by_header_timeout() {
 /// idle. The pause comes after bytes the protocol sniff took whole.
 #[tokio::test]
 async fn a_head_pausing_longer_than_idle_timeout_is_still_served() {
-    use tokio::io::AsyncReadExt;
     let upstream = Upstream::ok().await;
-    let cfg = Cfg::new()
-        .server("header_timeout = \"60s\"")
-        .server("idle_timeout = \"800ms\"");
-    let gw = TestGateway::start(&cfg, &upstream).await;
+    let gw = TestGateway::start(&idle_first_cfg(), &upstream).await;
     let body = msg("paused-head");
-    let (mut read, mut write) = TcpStream::connect(gw.addr).await.expect("connect").into_split();
-    write.write_all(b"POST /hook HTTP/1.1\r\n").await.expect("head");
-    // The scenario itself: a pause of about twice idle_timeout.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
     let rest = format!(
         "Host: gw\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    write.write_all(rest.as_bytes()).await.expect("rest");
-    let mut answer = Vec::new();
-    let _ = crate::support::within("the answer", read.read_to_end(&mut answer)).await;
-    let answer = String::from_utf8_lossy(&answer);
+    // A pause of about twice idle_timeout, after what the protocol sniff takes whole.
+    let answer = in_parts(gw.addr, [("POST /hook HTTP/1.1\r\n".into(), 1600), (rest, 0)]).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("x-dedup-status: forwarded"), "{answer}");
     assert_eq!(upstream.count(), 1);
@@ -585,10 +585,7 @@ fn streaming_upstream(chunks: usize, gap: Duration) -> http::uri::Authority {
 #[tokio::test]
 async fn a_response_streaming_past_idle_timeout_is_delivered_whole() {
     let upstream = format!("http://{}", streaming_upstream(8, Duration::from_millis(300)));
-    let http1 = Cfg::new()
-        .server("header_timeout = \"60s\"")
-        .server("idle_timeout = \"800ms\"");
-    for (cfg, h2) in [(slow_cfg(), true), (http1, false)] {
+    for (cfg, h2) in [(slow_cfg(), true), (idle_first_cfg(), false)] {
         let gw = TestGateway::start_toml(&cfg.toml(&upstream)).await;
         let client = if h2 {
             Client::h2c(gw.addr)

@@ -226,7 +226,7 @@ impl Metrics {
         }
         registry.register(
             "dedup_config_reloads",
-            "Configuration reloads on SIGHUP, by result",
+            "Configuration reloads (SIGHUP or POST /reload), by result",
             config_reloads.clone(),
         );
         let in_flight = Family::<RouteLabels, Gauge>::default();

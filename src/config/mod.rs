@@ -290,7 +290,7 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
             "this build cannot skip TLS certificate checks (build with `--features insecure-tls`; tests only)",
         );
     }
-    let cluster = s.strings("cluster", problems);
+    let cluster = cluster_setting(&mut s, problems);
     let pool_size = s.integer("pool_size", 4096, problems);
     let timeout = s.duration("timeout", problems).unwrap_or(Duration::from_millis(250));
     let key_prefix = s.string("key_prefix", problems).unwrap_or("dedup:").to_owned();
@@ -314,7 +314,8 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
             for (key, set) in [
                 ("url", s.has("url")),
                 ("url_env", s.has("url_env")),
-                ("cluster", cluster.is_some()),
+                ("cluster", s.has("cluster")),
+                ("cluster_env", s.has("cluster_env")),
             ] {
                 if set {
                     only_for(key, "redis", problems);
@@ -359,20 +360,24 @@ fn parse_store(section: Option<Section>, problems: &mut Problems) -> Option<Stor
                 (Some((path, url)), None) => {
                     redis_url(&path, &url, tls_skip_verify, problems).map(RedisTarget::Standalone)
                 }
-                (None, Some(seeds)) if !seeds.is_empty() => seeds
+                (None, Some(seeds)) => seeds
                     .into_iter()
-                    .map(|(path, url)| redis_url(&path, url, tls_skip_verify, problems))
+                    .map(|(path, url)| redis_url(&path, &url, tls_skip_verify, problems))
                     .collect::<Option<Vec<_>>>()
                     .map(RedisTarget::Cluster),
-                (None, _) => {
-                    problems.push(
-                        s.path_of("url"),
-                        "backend = \"redis\" needs url (or cluster = [seed urls])",
-                    );
+                (None, None) => {
+                    // Set but unusable (an unset variable, both forms) is reported already.
+                    if !["url", "url_env", "cluster", "cluster_env"].iter().any(|k| s.has(k)) {
+                        problems.push(
+                            s.path_of("url"),
+                            "backend = \"redis\" needs url or url_env (or cluster / cluster_env: seed urls)",
+                        );
+                    }
                     None
                 }
                 (Some(_), Some(_)) => {
-                    problems.push(s.path_of("cluster"), "set either url or cluster, not both");
+                    let key = if s.has("cluster") { "cluster" } else { "cluster_env" };
+                    problems.push(s.path_of(key), "set either a url or a cluster, not both");
                     None
                 }
             };
@@ -410,15 +415,53 @@ const MIN_MAX_BYTES: u64 = 64 << 10;
 /// `store.url`, or the environment variable `store.url_env` names (so the password
 /// can come from a Secret), with the key path to report problems at.
 fn url_setting(s: &mut Section, problems: &mut Problems) -> Option<(String, String)> {
-    let url = s.string("url", problems);
-    let from_env = secret::from_env(s, "url_env", problems);
-    match (url, from_env) {
+    let url = s.string("url", problems).map(|url| (s.path_of("url"), url.to_owned()));
+    either_or_env(s, url, "url_env", problems, |path, value| {
+        Some((path, value.to_owned()))
+    })
+}
+
+/// `store.cluster`, or the seed URLs (separated by commas or white space) in the
+/// environment variable `store.cluster_env` names, each with its key path.
+fn cluster_setting(s: &mut Section, problems: &mut Problems) -> Option<Vec<(String, String)>> {
+    let listed: Option<Vec<_>> = s
+        .strings("cluster", problems)
+        .map(|seeds| seeds.into_iter().map(|(path, url)| (path, url.to_owned())).collect());
+    let seeds = either_or_env(s, listed, "cluster_env", problems, |path, value| {
+        let seeds = value.split([',', ' ', '\t', '\n']).filter(|seed| !seed.is_empty());
+        Some(
+            seeds
+                .enumerate()
+                .map(|(i, url)| (format!("{path}[{i}]"), url.to_owned()))
+                .collect(),
+        )
+    })?;
+    if seeds.is_empty() {
+        let key = if s.has("cluster") { "cluster" } else { "cluster_env" };
+        problems.push(s.path_of(key), "needs at least one seed url");
+        return None;
+    }
+    Some(seeds)
+}
+
+/// A setting given in the file (`given`), or read from the environment variable that
+/// `env_key` names; both is a problem. `from_env` gets the path to report problems at,
+/// naming the variable: `store.url_env ($REDIS_URL)`.
+fn either_or_env<T>(
+    s: &mut Section,
+    given: Option<T>,
+    env_key: &'static str,
+    problems: &mut Problems,
+    from_env: impl FnOnce(String, &str) -> Option<T>,
+) -> Option<T> {
+    match (given, secret::from_env(s, env_key, problems)) {
         (Some(_), Some(_)) => {
-            problems.push(s.path_of("url_env"), "set either url or url_env, not both");
+            let key = env_key.trim_end_matches("_env");
+            problems.push(s.path_of(env_key), format!("set either {key} or {env_key}, not both"));
             None
         }
-        (Some(url), None) => Some((s.path_of("url"), url.to_owned())),
-        (None, Some((name, value))) => Some((format!("{} (${name})", s.path_of("url_env")), value.expose().to_owned())),
+        (Some(given), None) => Some(given),
+        (None, Some((name, value))) => from_env(format!("{} (${name})", s.path_of(env_key)), value.expose()),
         (None, None) => None,
     }
 }

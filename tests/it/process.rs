@@ -138,19 +138,21 @@ fn processing_ttl_must_cover_four_store_calls_besides_the_upstream() {
     );
 }
 
+/// A config whose `[store]` has these lines.
+fn store_cfg(lines: &[&str]) -> String {
+    lines
+        .iter()
+        .fold(Cfg::new(), |c, l| c.store(l))
+        .toml("http://127.0.0.1:9")
+}
+
 /// SPEC's `[store]` template, with the backend switched and the other backend's
 /// settings left in: the sizing ones are ignored with a warning, an address is not.
 #[test]
 fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_refused() {
-    let cfg = |lines: &[&str]| {
-        lines
-            .iter()
-            .fold(Cfg::new(), |c, l| c.store(l))
-            .toml("http://127.0.0.1:9")
-    };
     let redis = TempFile::new(
         "redis.toml",
-        &cfg(&[
+        &store_cfg(&[
             "backend = \"redis\"",
             "url = \"redis://127.0.0.1:6379/0\"",
             "max_entries = 1_000_000",
@@ -169,11 +171,11 @@ fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_ref
             text(&out.stdout)
         );
     }
-    let memory = TempFile::new("memory.toml", &cfg(&["pool_size = 32"]));
+    let memory = TempFile::new("memory.toml", &store_cfg(&["pool_size = 32"]));
     let out = run(&["check", "--config", memory.0.to_str().expect("path")], "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("warning: store.pool_size: ignored"));
-    let url = TempFile::new("url.toml", &cfg(&["url = \"redis://127.0.0.1:6379/0\""]));
+    let url = TempFile::new("url.toml", &store_cfg(&["url = \"redis://127.0.0.1:6379/0\""]));
     let out = run(&["check", "--config", url.0.to_str().expect("path")], "");
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -181,6 +183,50 @@ fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_ref
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A Redis address given wrongly gets one error, at the key to fix: not a second one
+/// saying that no address was given.
+#[test]
+fn a_redis_address_given_wrongly_is_one_error_at_its_key() {
+    for (lines, expected) in [
+        (
+            // HOME is set wherever tests run: the variable is there, so both are given.
+            &[
+                "backend = \"redis\"",
+                "url = \"redis://127.0.0.1:6379/0\"",
+                "url_env = \"HOME\"",
+            ][..],
+            "store.url_env: set either url or url_env, not both",
+        ),
+        (
+            &["backend = \"redis\"", "cluster = []"],
+            "store.cluster: needs at least one seed url",
+        ),
+        (
+            &[
+                "backend = \"redis\"",
+                "url = \"redis://127.0.0.1:6379/0\"",
+                "cluster = [\"redis://127.0.0.1:7000\"]",
+            ],
+            "store.cluster: set either a url or a cluster, not both",
+        ),
+        (
+            &["cluster_env = \"HOME\""],
+            "store.cluster_env: only applies to backend = \"redis\"",
+        ),
+    ] {
+        let config = TempFile::new("gateway.toml", &store_cfg(lines));
+        let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
+        let errors = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{lines:?}: {errors}");
+        assert!(errors.contains(expected), "{expected:?} in:\n{errors}");
+        assert_eq!(
+            errors.matches("store.").count(),
+            1,
+            "one error for {lines:?}:\n{errors}"
+        );
+    }
 }
 
 /// The admin listener on the proxy's port is a config error `check` reports, not a

@@ -1,12 +1,12 @@
 //! Secrets stay secret: a Redis URL with a password, read from the environment
-//! (`url_env`), never shows up in `check` output, in the logs (at debug level), or in
+//! (`url_env`, or `cluster_env` for a cluster's seeds), never shows up in `check` output, in the logs (at debug level), or in
 //! the message of a start-up that fails. (The Helm chart's NOTES.txt is grepped the
 //! same way by .ci/validate-deploy, which has helm.)
 
 use std::process::{Command, Output};
 
 use crate::process::{GatewayProcess, TempFile};
-use crate::servers::RedisServer;
+use crate::servers::{RedisCluster, RedisServer};
 use crate::support::{Cfg, Client, Upstream, msg};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
@@ -139,4 +139,61 @@ fn a_toml_syntax_error_does_not_quote_the_line_with_the_secret() {
         assert!(text.contains("invalid TOML: line "), "{what}: {text}");
         assert_no_password(what, &text);
     }
+}
+
+/// A Redis Cluster's seeds, passwords included, come from the environment too
+/// (`cluster_env`: URLs separated by commas or white space), and show redacted.
+#[tokio::test]
+async fn a_cluster_password_comes_from_the_environment_and_never_shows() {
+    let cluster = RedisCluster::start().await;
+    for node in &cluster.nodes {
+        node.cli(&["CONFIG", "SET", "requirepass", PASSWORD]);
+    }
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port))
+        .collect();
+    let seeds = format!("{}, {}\n{}", seeds[0], seeds[1], seeds[2]);
+    let upstream = Upstream::ok().await;
+    let cfg = || {
+        Cfg::new()
+            .store("backend = \"redis\"")
+            .store(&format!("cluster_env = \"{ENV}\""))
+    };
+    let toml = cfg().toml(&upstream.url());
+    let config = TempFile::new("gateway.toml", &toml);
+
+    let out = run(&["check"], &config, Some(&seeds));
+    let text = all_output(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("redis://***@127.0.0.1:{}", cluster.nodes[2].port)),
+        "every seed is shown, redacted: {text}"
+    );
+    assert_no_password("check", &text);
+
+    // The list and the variable together: one error, at the variable's key.
+    let both = TempFile::new(
+        "gateway.toml",
+        &cfg().store(&cluster.seeds_toml()).toml(&upstream.url()),
+    );
+    let out = run(&["check"], &both, Some(&seeds));
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("store.cluster_env: set either cluster or cluster_env, not both"),
+        "{text}"
+    );
+    assert!(!text.contains("needs url"), "no second, misleading error: {text}");
+
+    let gw = GatewayProcess::start_with(&toml, &["--log-level", "debug"], &[(ENV, seeds.as_str())]).await;
+    let client = Client::http1(gw.addr);
+    for id in ["c1", "c2", "c3"] {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "forwarded");
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "duplicate");
+    }
+    assert_eq!(upstream.count(), 3);
+    let logs = gw.logs.lock().expect("logs").join("\n");
+    assert_no_password("the debug logs", &logs);
 }

@@ -473,12 +473,23 @@ fn redis_url(path: &str, url: &str, tls_skip_verify: bool, problems: &mut Proble
         problems.push(path, format!("{shown:?} must start with redis:// or rediss://"));
         return None;
     }
-    if url.contains('#') {
+    // Past the user info (a password may hold a `#` without percent-encoding: the
+    // parse below refuses that).
+    let after_userinfo = &url[url.rfind('@').map_or(0, |at| at + 1)..];
+    if after_userinfo.contains('#') {
         problems.push(
             path,
             format!(
                 "{shown:?}: no #fragment; to skip TLS certificate checks (tests only) set store.tls_skip_verify = true"
             ),
+        );
+        return None;
+    }
+    // What the store will parse: a URL it cannot read is refused here, not at start.
+    if deadpool_redis::redis::IntoConnectionInfo::into_connection_info(url).is_err() {
+        problems.push(
+            path,
+            format!("{shown:?} is not a valid Redis URL (percent-encode / ? # @ in a password: %2F %3F %23 %40)"),
         );
         return None;
     }

@@ -54,13 +54,14 @@ pub fn redact_url(url: &str) -> String {
         };
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
+    // The user info ends at the last `@`, not at the first `/`, `?` or `#`: a password
+    // written without percent-encoding may hold those (base64 passwords hold `/`), and
+    // a Redis URL's path and query never hold an `@`.
+    match rest.rfind('@') {
         Some(at) => {
-            let userinfo = &authority[..at];
+            let userinfo = &rest[..at];
             let shown = match userinfo.split_once(':') {
-                Some((user, _)) if !user.is_empty() => format!("{user}:***"),
+                Some((user, _)) if !user.is_empty() && !user.contains(['/', '?', '#']) => format!("{user}:***"),
                 _ => "***".to_owned(),
             };
             format!("{}{shown}@{}", &url[..scheme_end], &rest[at + 1..])
@@ -86,6 +87,10 @@ mod tests {
             ("redis://redis:6379/0", "redis://redis:6379/0"),
             ("redis://redis:6379/0#insecure", "redis://redis:6379/0#insecure"),
             ("not a url :s3cret@x", "***"),
+            // Not percent-encoded: the password runs to the last @ all the same.
+            ("redis://:ab/cd?e#f@redis:6379/0", "redis://***@redis:6379/0"),
+            ("redis://user:ab/cd@redis:6379/0", "redis://user:***@redis:6379/0"),
+            ("redis://ab/cd:ef@redis", "redis://***@redis"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }

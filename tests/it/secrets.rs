@@ -197,3 +197,27 @@ async fn a_cluster_password_comes_from_the_environment_and_never_shows() {
     let logs = gw.logs.lock().expect("logs").join("\n");
     assert_no_password("the debug logs", &logs);
 }
+
+/// A password with `/`, `?` or `#` not percent-encoded (base64 passwords hold `/`)
+/// makes a URL the store cannot parse: `check` refuses it, as `serve` would, and shows
+/// it redacted all the same, through either key.
+#[test]
+fn a_password_not_percent_encoded_is_refused_and_never_shown() {
+    for password in ["ab/cd-Pa55", "ab?cd-Pa55", "ab#cd-Pa55"] {
+        let url = format!("redis://:{password}@127.0.0.1:6379/0");
+        let by_env = TempFile::new("gateway.toml", &url_env_cfg().toml("http://127.0.0.1:9"));
+        let in_file = Cfg::new()
+            .store("backend = \"redis\"")
+            .store(&format!("cluster = [\"{url}\"]"))
+            .toml("http://127.0.0.1:9");
+        let in_file = TempFile::new("gateway.toml", &in_file);
+        for (config, env) in [(&by_env, Some(url.as_str())), (&in_file, None)] {
+            let out = run(&["check"], config, env);
+            let text = all_output(&out);
+            assert_eq!(out.status.code(), Some(1), "{password}: {text}");
+            assert!(text.contains("is not a valid Redis URL"), "{password}: {text}");
+            assert!(text.contains("redis://***@127.0.0.1:6379/0"), "{password}: {text}");
+            assert!(!text.contains(password), "the password leaked: {text}");
+        }
+    }
+}

@@ -449,8 +449,41 @@ impl Conn for redis::aio::MultiplexedConnection {
 
 impl Conn for redis::cluster_async::ClusterConnection {
     async fn command(&mut self, command: Command<'_>) -> Result<redis::Value, RedisError> {
-        self.req_packed_command(&command.to_cmd()).await
+        let cmd = command.to_cmd();
+        match self
+            .req_packed_command(&cmd)
+            .await
+            .and_then(redis::Value::extract_error)
+        {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::Ask) => asking(self, cmd, &e).await,
+            other => other,
+        }
     }
+}
+
+/// Sends `cmd` again, to the node an ASK redirect names, with `ASKING` before it in
+/// the same write. redis-rs follows an ASK by sending `ASKING` as a call of its own,
+/// and while a slot migrates, another call to that node can come between the two: the
+/// command then meets MOVED back to the old node, which answers ASK again, until the
+/// retries run out (under concurrent claims, a third of them did). An ASK means the
+/// command did not run, so sending it again is safe.
+async fn asking(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    cmd: redis::Cmd,
+    ask: &RedisError,
+) -> Result<redis::Value, RedisError> {
+    let node = ask.redirect_node().and_then(|(addr, _slot)| addr.rsplit_once(':'));
+    let Some((host, Ok(port))) = node.map(|(host, port)| (host, port.parse())) else {
+        return Err(ask.clone());
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(redis::cmd("ASKING")).add_command(cmd);
+    let route = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    };
+    let mut replies = conn.route_pipeline(pipe, 1, 1, route).await?;
+    replies.pop().ok_or_else(|| ask.clone())
 }
 
 impl Connections {

@@ -11,7 +11,7 @@ use dedup_gateway::store::{Claim, Completion, Store, Token};
 use http::Method;
 
 use crate::process::GatewayProcess;
-use crate::servers::{RedisCluster, RedisServer, SwallowingProxy};
+use crate::servers::{RedisCluster, RedisServer, SwallowingProxy, key_slot};
 use crate::store_contract::redis_store;
 use crate::support::{Cfg, Client, Gate, Reply, Resp, TestGateway, Upstream, eventually, msg, within};
 
@@ -777,6 +777,54 @@ async fn gateways_on_a_redis_cluster_deliver_each_id_once_with_keys_on_every_nod
         let keys: u64 = node.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
         assert!(keys > 500, "node {} holds only {keys} keys", node.port);
     }
+}
+
+/// A slot half-way through a migration (the resharding an operator runs on a live
+/// cluster): keys not yet on the old node are redirected with ASK. Claims arriving
+/// together are each followed to the new node, none answered 503, and their
+/// duplicates are answered from there.
+#[tokio::test]
+async fn claims_in_a_migrating_slot_all_reach_the_importing_node() {
+    let cluster = RedisCluster::start().await;
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().store("backend = \"redis\"").store(&cluster.seeds_toml());
+    let gw = TestGateway::start(&cfg, &upstream).await;
+
+    let slot = key_slot("dedup:bot:m-0");
+    let ids: Vec<String> = (0..)
+        .map(|i| format!("m-{i}"))
+        .filter(|id| key_slot(&format!("dedup:bot:{id}")) == slot)
+        .take(64)
+        .collect();
+    let from = cluster.owner_of(slot);
+    let to = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != from.port)
+        .expect("another node");
+    let slot = slot.to_string();
+    assert!(
+        to.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from.node_id()])
+            .contains("OK")
+    );
+    assert!(
+        from.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to.node_id()])
+            .contains("OK")
+    );
+
+    for expected in ["forwarded", "duplicate"] {
+        let mut sends = tokio::task::JoinSet::new();
+        for id in &ids {
+            let (client, body) = (gw.client(), msg(id));
+            sends.spawn(async move { client.post("/hook", &body).await.dedup().to_owned() });
+        }
+        let answers = sends.join_all().await;
+        let unexpected: Vec<&String> = answers.iter().filter(|a| *a != expected).collect();
+        assert!(unexpected.is_empty(), "expected {expected}, got {unexpected:?}");
+    }
+    assert_eq!(upstream.count(), ids.len());
+    let moved: usize = to.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
+    assert!(moved >= ids.len(), "the new keys are on the importing node: {moved}");
 }
 
 #[tokio::test]

@@ -166,6 +166,11 @@ impl RedisServer {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
+    /// This node's id in its cluster.
+    pub fn node_id(&self) -> String {
+        self.cli(&["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
     /// Runs `redis-cli` against this server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
@@ -269,6 +274,21 @@ impl RedisCluster {
         })
         .await;
         cluster
+    }
+
+    /// The node serving `slot`, by each node's own view (`CLUSTER NODES`, "myself").
+    pub fn owner_of(&self, slot: u16) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|node| {
+                let nodes = node.cli(&["CLUSTER", "NODES"]);
+                let me = nodes.lines().find(|l| l.contains("myself")).expect("myself");
+                me.split(' ').skip(8).any(|range| {
+                    let (from, to) = range.split_once('-').unwrap_or((range, range));
+                    matches!((from.parse::<u16>(), to.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+                })
+            })
+            .expect("a node serves every slot")
     }
 
     /// `cluster = [...]` for gateway.toml.
@@ -409,4 +429,18 @@ async fn pipe(
         }
     };
     tokio::join!(upward, downward);
+}
+
+/// The Redis Cluster hash slot of a key without a `{hash tag}`: CRC16 (XMODEM) mod 16384.
+pub fn key_slot(key: &str) -> u16 {
+    let crc = key.bytes().fold(0u16, |crc, byte| {
+        (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
+            if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            }
+        })
+    });
+    crc % 16384
 }

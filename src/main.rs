@@ -119,10 +119,19 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat, level: Option<&str>) {
-    let filter = match level {
-        Some(level) => EnvFilter::new(level),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    let spec = match level {
+        Some(level) => level.to_owned(),
+        None => std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| "info".to_owned()),
     };
+    // redis-rs warns of every failed attempt to reach a cluster node (thousands of
+    // lines while one is down); the gateway logs each store failure itself, once,
+    // with route and key. A filter that names `redis` decides for itself.
+    let spec = if spec.contains("redis") {
+        spec
+    } else {
+        format!("{spec},redis=error")
+    };
+    let filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("info,redis=error"));
     // Colours only for a terminal: a log file or collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -11,7 +11,7 @@ use dedup_gateway::store::{Claim, Completion, Store, Token};
 use http::Method;
 
 use crate::process::GatewayProcess;
-use crate::servers::{RedisCluster, RedisServer, SwallowingProxy, key_slot};
+use crate::servers::{RedisCluster, RedisServer, SwallowingProxy, ids_in_one_slot};
 use crate::store_contract::redis_store;
 use crate::support::{Cfg, Client, Gate, Reply, Resp, TestGateway, Upstream, eventually, msg, within};
 
@@ -790,12 +790,7 @@ async fn claims_in_a_migrating_slot_all_reach_the_importing_node() {
     let cfg = Cfg::new().store("backend = \"redis\"").store(&cluster.seeds_toml());
     let gw = TestGateway::start(&cfg, &upstream).await;
 
-    let slot = key_slot("dedup:bot:m-0");
-    let ids: Vec<String> = (0..)
-        .map(|i| format!("m-{i}"))
-        .filter(|id| key_slot(&format!("dedup:bot:{id}")) == slot)
-        .take(64)
-        .collect();
+    let (slot, ids) = ids_in_one_slot("m", 64);
     let from = cluster.owner_of(slot);
     let to = cluster
         .nodes
@@ -825,6 +820,47 @@ async fn claims_in_a_migrating_slot_all_reach_the_importing_node() {
     assert_eq!(upstream.count(), ids.len());
     let moved: usize = to.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE");
     assert!(moved >= ids.len(), "the new keys are on the importing node: {moved}");
+}
+
+/// A cluster node down: each request whose key lives there is logged once, by the
+/// gateway, with route and key; the client library's warning for every failed attempt
+/// to reach the node (thousands of lines a minute) stays out of the log.
+#[tokio::test]
+async fn a_dead_cluster_node_is_logged_once_per_request_not_per_reconnect() {
+    let mut cluster = RedisCluster::start().await;
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().store("backend = \"redis\"").store(&cluster.seeds_toml());
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let client = Client::http1(gw.addr);
+    let (slot, ids) = ids_in_one_slot("d", 8);
+    let victim = cluster.owner_of(slot).port;
+    cluster
+        .nodes
+        .iter_mut()
+        .find(|n| n.port == victim)
+        .expect("victim")
+        .kill();
+
+    for id in &ids {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "store-unavailable");
+    }
+    // The log is read from the child's stderr as it comes: wait for the last warning.
+    let logged = |id: &str, logs: &str| {
+        let key = format!("dedup:bot:{id}\"");
+        logs.lines()
+            .filter(|l| l.contains("store unavailable") && l.contains(&key))
+            .count()
+    };
+    let last = ids.last().expect("ids");
+    eventually("the last request's warning", || {
+        logged(last, &gw.logs.lock().expect("logs").join("\n")) > 0
+    })
+    .await;
+    let logs = gw.logs.lock().expect("logs").join("\n");
+    for id in &ids {
+        assert_eq!(logged(id, &logs), 1, "{id} logged once:\n{logs}");
+    }
+    assert!(!logs.contains("Failed to connect"), "{logs}");
 }
 
 #[tokio::test]

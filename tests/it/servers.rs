@@ -431,8 +431,20 @@ async fn pipe(
     tokio::join!(upward, downward);
 }
 
+/// `n` message ids (`<prefix>-<i>`) whose keys on the route `bot` (prefix `dedup:`)
+/// share one cluster slot, and that slot.
+pub fn ids_in_one_slot(prefix: &str, n: usize) -> (u16, Vec<String>) {
+    let key = |id: &str| key_slot(&format!("dedup:bot:{id}"));
+    let slot = key(&format!("{prefix}-0"));
+    let ids = (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|id| key(id) == slot)
+        .take(n);
+    (slot, ids.collect())
+}
+
 /// The Redis Cluster hash slot of a key without a `{hash tag}`: CRC16 (XMODEM) mod 16384.
-pub fn key_slot(key: &str) -> u16 {
+fn key_slot(key: &str) -> u16 {
     let crc = key.bytes().fold(0u16, |crc, byte| {
         (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
             if crc & 0x8000 != 0 {

@@ -98,11 +98,30 @@ so `max_entries: 1000000` stays an integer instead of becoming 1e+06.
 {{- end -}}
 
 {{/*
+The store.url_env that applies: config.store.url_env only with backend "redis" and
+neither url nor cluster set (non-empty); "" otherwise. The chart's default url_env
+(REDIS_URL) would otherwise stay in the rendering after a user switches to `url`,
+`cluster` or the memory store (Helm merges maps), and the gateway refuses both
+together. The rendering, the checks below and NOTES.txt all use this value.
+*/}}
+{{- define "dedup-gateway.storeUrlEnv" -}}
+{{- $store := .Values.config.store | default dict -}}
+{{- if and (eq (toString ($store.backend | default "memory")) "redis") (empty $store.url) (empty $store.cluster) -}}
+{{- toString ($store.url_env | default "") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 gateway.toml from .Values.config: top-level values, then tables ([server], [store],
 [defaults], then any other), then arrays of tables ([[routes]]).
 */}}
 {{- define "dedup-gateway.gatewayToml" -}}
-{{- $cfg := .Values.config -}}
+{{- $cfg := deepCopy (.Values.config | default dict) -}}
+{{- /* The default url_env applies only where it can: see dedup-gateway.storeUrlEnv. */ -}}
+{{- $store := get $cfg "store" -}}
+{{- if and (kindIs "map" $store) (hasKey $store "url_env") (not (include "dedup-gateway.storeUrlEnv" .)) -}}
+{{- $_ := unset $store "url_env" -}}
+{{- end -}}
 {{- $order := list "server" "store" "defaults" -}}
 {{- $names := concat $order (without (keys $cfg | sortAlpha) "server" "store" "defaults") -}}
 # Rendered by the dedup-gateway Helm chart from .Values.config.
@@ -178,10 +197,10 @@ gateway.toml from .Values.config: top-level values, then tables ([server], [stor
 {{- fail "serviceMonitor.enabled needs adminService.enabled" -}}
 {{- end -}}
 {{- $store := .Values.config.store | default dict -}}
-{{- $urlEnv := "" -}}
-{{- if eq (toString ($store.backend | default "memory")) "redis" -}}
-{{- $urlEnv = toString ($store.url_env | default "") -}}
+{{- if and (not .Values.existingConfigMap) (not (empty $store.url)) (not (empty $store.cluster)) -}}
+{{- fail "config.store: set either url or cluster, not both" -}}
 {{- end -}}
+{{- $urlEnv := include "dedup-gateway.storeUrlEnv" . -}}
 {{- if and (not .Values.existingConfigMap) $urlEnv .Values.secret.create (not (hasKey .Values.secret.stringData $urlEnv)) -}}
 {{- fail (printf "config.store.url_env = %s: secret.stringData has no %s (or use existingSecret)" $urlEnv $urlEnv) -}}
 {{- end -}}

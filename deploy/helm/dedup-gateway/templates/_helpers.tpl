@@ -112,6 +112,17 @@ together. The rendering, the checks below and NOTES.txt all use this value.
 {{- end -}}
 
 {{/*
+The admin token's environment variable (config.server.admin_token_env) when the chart
+renders the config; "" with existingConfigMap (the chart cannot see that config).
+*/}}
+{{- define "dedup-gateway.adminTokenEnv" -}}
+{{- if not .Values.existingConfigMap -}}
+{{- $server := .Values.config.server | default dict -}}
+{{- toString ($server.admin_token_env | default "") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 gateway.toml from .Values.config: top-level values, then tables ([server], [store],
 [defaults], then any other), then arrays of tables ([[routes]]).
 */}}
@@ -206,6 +217,10 @@ gateway.toml from .Values.config: top-level values, then tables ([server], [stor
 {{- end -}}
 {{- if and (not .Values.existingConfigMap) $urlEnv (not .Values.secret.create) (not .Values.existingSecret) -}}
 {{- fail (printf "config.store.url_env = %s needs a Secret with that key: secret.create or existingSecret" $urlEnv) -}}
+{{- end -}}
+{{- $tokenEnv := include "dedup-gateway.adminTokenEnv" . -}}
+{{- if and $tokenEnv (not .Values.secret.create) (not .Values.existingSecret) -}}
+{{- fail (printf "config.server.admin_token_env = %s needs a Secret with the key %s: secret.create (the chart generates the token unless secret.stringData.%s is set) or existingSecret holding %s; config.server.admin_token_env: null leaves POST /reload and DELETE /keys open to anyone reaching the admin port" $tokenEnv $tokenEnv $tokenEnv $tokenEnv) -}}
 {{- end -}}
 {{- if and .Values.secret.create .Values.existingSecret -}}
 {{- fail "set either secret.create or existingSecret, not both" -}}

@@ -82,6 +82,8 @@ def main(argv):
     secrets = {d["metadata"]["name"]: d for d in by_kind("Secret")}
     services = by_kind("Service")
     workloads = [d for d in docs if d.get("kind") in ("Deployment", "StatefulSet")]
+    # Workloads whose gateway uses Redis: the store's NetworkPolicy must admit them.
+    redis_clients = []
 
     def need(kind, name, where):
         if name not in external and (kind, name) not in names:
@@ -192,6 +194,8 @@ def main(argv):
                 port = c.get(probe, {}).get("httpGet", {}).get("port")
                 if ports.get(port, port) != admin:
                     err(f"{cn}: {probe} must target the admin port {admin}")
+            if store.get("backend", "memory") == "redis":
+                redis_clients.append(w)
             replicas = spec.get("replicas", 1)
             if replicas > 1 and store.get("backend", "memory") != "redis":
                 err(f"{wn}: {replicas} replicas need store.backend = \"redis\" (memory is per process)")
@@ -241,6 +245,37 @@ def main(argv):
         sel = pdb.get("spec", {}).get("selector", {}).get("matchLabels")
         if not any(matches(sel, w["spec"]["template"]["metadata"].get("labels", {})) for w in workloads):
             err(f"PodDisruptionBudget/{pdb['metadata']['name']}: selector matches no workload")
+
+    pod_labels = lambda w: w["spec"]["template"]["metadata"].get("labels", {})
+    for np in by_kind("NetworkPolicy"):
+        npn = f"NetworkPolicy/{np['metadata']['name']}"
+        spec = np.get("spec", {})
+        sel = spec.get("podSelector", {}).get("matchLabels") or {}
+        protected = [w for w in workloads if all(pod_labels(w).get(k) == v for k, v in sel.items())]
+        if not protected:
+            err(f"{npn}: podSelector {sel} matches no workload in the rendering")
+        if "Ingress" not in spec.get("policyTypes", ["Ingress"]):
+            continue
+
+        def admits(labels):
+            for rule in spec.get("ingress", []):
+                peers = rule.get("from")
+                if not peers:
+                    return True
+                for peer in peers:
+                    if "namespaceSelector" in peer:
+                        return True  # other namespaces: not decidable here
+                    if "podSelector" in peer:
+                        want = peer["podSelector"].get("matchLabels") or {}
+                        if all(labels.get(k) == v for k, v in want.items()):
+                            return True
+            return False
+
+        # Every Redis-backed gateway in the rendering reaches the store it protects.
+        for w in redis_clients:
+            if w not in protected and not admits(pod_labels(w)):
+                err(f"{npn}: ingress admits no pod of {w['kind']}/{w['metadata']['name']}, "
+                    f"a gateway with store.backend = \"redis\" (labels {pod_labels(w)})")
 
     for sm in by_kind("ServiceMonitor"):
         smn = f"ServiceMonitor/{sm['metadata']['name']}"

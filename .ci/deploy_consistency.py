@@ -2,7 +2,9 @@
 
 Cross-resource checks kubernetes-validate cannot do (it validates one object at a time,
 and the API schemas have almost no required fields): selectors, ports, ConfigMap and
-Secret references, security context, probes, shutdown timing against gateway.toml.
+Secret references, security context, probes, shutdown timing against gateway.toml,
+ServiceMonitor/PodMonitor selectors and ports (the gateway's admin port), and
+NetworkPolicies (they select a workload; a Redis one admits the Redis-backed gateways).
 gateway.toml itself is validated by `dedup-gateway check`, not here. One rendering per run.
 """
 import pathlib, re, sys, tomllib, yaml
@@ -84,6 +86,9 @@ def main(argv):
     workloads = [d for d in docs if d.get("kind") in ("Deployment", "StatefulSet")]
     # Workloads whose gateway uses Redis: the store's NetworkPolicy must admit them.
     redis_clients = []
+    # The gateway container's ports and admin port, by workload (where its config is in
+    # the rendering): a ServiceMonitor or PodMonitor must scrape exactly that port.
+    gateway_admin = {}
 
     def need(kind, name, where):
         if name not in external and (kind, name) not in names:
@@ -186,6 +191,7 @@ def main(argv):
                 (configs_dir / f"{w['metadata']['name']}-{cm_name}.toml").write_text(text)
             server, store = cfg.get("server", {}), cfg.get("store", {})
             listen, admin = port_of(server.get("listen")), port_of(server.get("admin_listen"))
+            gateway_admin[id(w)] = (ports, admin)
             if listen not in ports.values():
                 err(f"{cn}: server.listen port {listen} is not a containerPort")
             if admin is None or admin not in ports.values():
@@ -277,6 +283,17 @@ def main(argv):
                 err(f"{npn}: ingress admits no pod of {w['kind']}/{w['metadata']['name']}, "
                     f"a gateway with store.backend = \"redis\" (labels {pod_labels(w)})")
 
+    def scrapes_admin(where, w, target):
+        """`target` (a container port name or number) on workload `w` must be its
+        gateway's admin port (/metrics lives there only)."""
+        if id(w) not in gateway_admin:
+            return  # no gateway config in the rendering (external ConfigMap)
+        ports, admin = gateway_admin[id(w)]
+        number = ports.get(target) if isinstance(target, str) else target
+        if number != admin:
+            err(f"{where}: scrapes port {target!r} of {w['kind']}/{w['metadata']['name']}, "
+                f"not the gateway's admin port {admin} (/metrics)")
+
     for sm in by_kind("ServiceMonitor"):
         smn = f"ServiceMonitor/{sm['metadata']['name']}"
         spec = sm.get("spec", {})
@@ -285,11 +302,51 @@ def main(argv):
         targets = [s for s in services if matches(spec.get("selector", {}).get("matchLabels"), s["metadata"].get("labels", {}))]
         if not targets:
             err(f"{smn}: selector matches no Service")
+        if not spec.get("endpoints"):
+            err(f"{smn}: no endpoints")
         for ep in spec.get("endpoints", []):
             if set(ep) - {"port", "path", "interval", "scrapeTimeout", "scheme"}:
                 err(f"{smn}: unexpected endpoint keys {sorted(ep)}")
+            if ep.get("path", "/metrics") != "/metrics":
+                err(f"{smn}: endpoint path {ep.get('path')!r}: the gateway serves /metrics")
             if not any(p.get("name") == ep.get("port") for s in targets for p in s["spec"].get("ports", [])):
                 err(f"{smn}: endpoint port {ep.get('port')!r} is not a port of the selected Service")
+            for s in targets:
+                for p in s["spec"].get("ports", []):
+                    if p.get("name") != ep.get("port"):
+                        continue
+                    for w in workloads:
+                        if matches(s["spec"].get("selector"), pod_labels(w)):
+                            scrapes_admin(f"{smn} (Service/{s['metadata']['name']})", w,
+                                          p.get("targetPort", p.get("port")))
+
+    for pm in by_kind("PodMonitor"):
+        pmn = f"PodMonitor/{pm['metadata']['name']}"
+        spec = pm.get("spec", {})
+        if set(spec) - {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}:
+            err(f"{pmn}: unexpected spec keys {sorted(spec)}")
+        pods = [w for w in workloads if matches(spec.get("selector", {}).get("matchLabels"), pod_labels(w))]
+        if not pods:
+            err(f"{pmn}: selector matches no workload's pods")
+        if not spec.get("podMetricsEndpoints"):
+            err(f"{pmn}: no podMetricsEndpoints")
+        for ep in spec.get("podMetricsEndpoints", []):
+            if set(ep) - {"port", "path", "interval", "scrapeTimeout", "scheme"}:
+                err(f"{pmn}: unexpected endpoint keys {sorted(ep)}")
+            if ep.get("path", "/metrics") != "/metrics":
+                err(f"{pmn}: endpoint path {ep.get('path')!r}: the gateway serves /metrics")
+            port = ep.get("port")
+            if not isinstance(port, str):
+                err(f"{pmn}: endpoint port must name a container port")
+                continue
+            for w in pods:
+                pod = w["spec"]["template"]["spec"]
+                # Prometheus's pod discovery lists init (native sidecar) containers too.
+                if not any(q.get("name") == port for c in pod.get("containers", []) + pod.get("initContainers", [])
+                           for q in c.get("ports", [])):
+                    err(f"{pmn}: port {port!r} is not a port of {w['kind']}/{w['metadata']['name']}'s containers")
+                else:
+                    scrapes_admin(pmn, w, port)
 
     for e in errors:
         print(e)

@@ -99,14 +99,14 @@ so `max_entries: 1000000` stays an integer instead of becoming 1e+06.
 
 {{/*
 The store.url_env that applies: config.store.url_env only with backend "redis" and
-neither url nor cluster set (non-empty); "" otherwise. The chart's default url_env
+neither url, cluster nor cluster_env set (non-empty); "" otherwise. The chart's default url_env
 (REDIS_URL) would otherwise stay in the rendering after a user switches to `url`,
 `cluster` or the memory store (Helm merges maps), and the gateway refuses both
 together. The rendering, the checks below and NOTES.txt all use this value.
 */}}
 {{- define "dedup-gateway.storeUrlEnv" -}}
 {{- $store := .Values.config.store | default dict -}}
-{{- if and (eq (toString ($store.backend | default "memory")) "redis") (empty $store.url) (empty $store.cluster) -}}
+{{- if and (eq (toString ($store.backend | default "memory")) "redis") (empty $store.url) (empty $store.cluster) (empty $store.cluster_env) -}}
 {{- toString ($store.url_env | default "") -}}
 {{- end -}}
 {{- end -}}

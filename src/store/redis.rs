@@ -43,6 +43,7 @@ use super::command::{Arg, Command};
 use super::resp;
 use super::{Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, Store, StoreError, StoredResponse, Token};
 use crate::config::RedisTarget;
+use crate::config::secret::redact_url;
 use crate::timer;
 
 /// PROCESSING(token) -> COMPLETED, only while the marker holds the caller's token.
@@ -71,8 +72,11 @@ pub struct RedisStore {
     /// Readiness has a connection of its own: it must answer for the store, not queue
     /// behind (or be dropped with) a traffic connection.
     health: Connections,
-    /// Written by the readiness check: `PING` answers on a read-only replica too.
-    health_key: String,
+    /// Written by the readiness check: `PING` answers on a read-only replica too. One
+    /// key, or in a cluster one per sixteenth of the slots ([`health_keys`]).
+    health_keys: Vec<String>,
+    /// The health key that last took the write: tried first.
+    health_good: AtomicUsize,
     timeout: Duration,
     connector: Connector,
     /// Complete with `SET ... IFEQ` rather than [`COMPLETE_LUA`]: every server had it
@@ -583,7 +587,8 @@ impl RedisStore {
             id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
             pool_size,
             health: connector.connections(1),
-            health_key: format!("{key_prefix}__readyz"),
+            health_keys: health_keys(target, key_prefix),
+            health_good: AtomicUsize::new(0),
             timeout,
             connector,
             set_if_eq: AtomicBool::new(true),
@@ -592,8 +597,12 @@ impl RedisStore {
             unusable: Arc::default(),
         };
         let mut unreachable = Vec::new();
-        for url in target.urls() {
-            match check_server(url, timeout).await {
+        // Together: a seed that does not answer costs its timeout once, not once each.
+        let checks = futures_util::future::join_all(target.urls().iter().map(|url| check_server(url, timeout)));
+        let checks = checks.await;
+        let some_answer = checks.iter().any(Result::is_ok);
+        for (url, check) in target.urls().iter().zip(checks) {
+            match check {
                 Ok(server) => {
                     if !server.set_if_eq {
                         store.set_if_eq.store(false, Ordering::Relaxed);
@@ -603,6 +612,12 @@ impl RedisStore {
                     }
                 }
                 Err(Check::Unusable(error)) => return Err(error),
+                // A cluster answers through any seed: one down is no outage by itself.
+                Err(Check::Unreachable(error)) if some_answer => {
+                    tracing::warn!(%error, "redis cluster seed not reachable at start: the cluster is reached \
+                        through the others");
+                    unreachable.push(url.clone());
+                }
                 Err(Check::Unreachable(error)) => {
                     tracing::warn!(%error, "redis not reachable at start: serving anyway, not ready and per \
                         store.on_error, until it answers");
@@ -644,6 +659,17 @@ impl RedisStore {
                 return;
             }
         }
+    }
+
+    /// Writes health key `i` and removes it at once (no key is left behind).
+    async fn write_health(&self, i: usize) -> Result<(), StoreError> {
+        let key = self.health_keys[i].as_str();
+        let args = [key.into(), Arg::Int(10_000), Arg::Int(super::unix_ms())];
+        self.call::<redis::Value>(&self.health, Call::Cmd("PSETEX", &args))
+            .await?;
+        self.call::<redis::Value>(&self.health, Call::Cmd("UNLINK", &[key.into()]))
+            .await
+            .map(drop)
     }
 
     /// Loads the scripts up front (on every primary of a cluster), so the first
@@ -775,21 +801,62 @@ impl Check {
 }
 
 /// Start-up checks on one server: version and eviction policy.
+/// The readiness check's keys: `<prefix>__readyz`, and in a cluster sixteen of them,
+/// `<prefix>__readyz{N}`, the hash tag `N` putting each in another sixteenth of the
+/// slots, so that every node of a cluster split evenly (up to 16 primaries) holds one.
+fn health_keys(target: &RedisTarget, key_prefix: &str) -> Vec<String> {
+    let key = format!("{key_prefix}__readyz");
+    let RedisTarget::Cluster(_) = target else {
+        return vec![key];
+    };
+    let mut tags = 0u32..;
+    (0..16u16)
+        .map(|part| {
+            let tag = tags
+                .find(|n| key_slot(&n.to_string()) / 1024 == part)
+                .expect("every part has tags");
+            format!("{key}{{{tag}}}")
+        })
+        .collect()
+}
+
+/// The Redis Cluster hash slot of a key without a `{hash tag}`: CRC16 (XMODEM) of the
+/// key, mod 16384.
+pub fn key_slot(key: &str) -> u16 {
+    let crc = key.bytes().fold(0u16, |crc, byte| {
+        (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
+            if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            }
+        })
+    });
+    crc % 16384
+}
+
 async fn check_server(url: &str, timeout: Duration) -> Result<Server, Check> {
-    let shown = redact(url);
-    let client = redis::Client::open(url).map_err(|e| Check::Unusable(unavailable("invalid url", &e)))?;
-    let mut conn = tokio::time::timeout(timeout * 4, client.get_multiplexed_async_connection())
+    let shown = redact_url(url);
+    // The whole check, not only the connect: a stopped server's kernel still accepts.
+    tokio::time::timeout(timeout * 4, check_answers(url, &shown))
         .await
-        .map_err(|_| {
-            let why = format!("{shown}: no connection within {:?}", timeout * 4);
-            Check::Unreachable(StoreError::Unavailable(why))
-        })?
-        .map_err(|e| Check::of(&shown, &e))?;
+        .unwrap_or_else(|_| {
+            let why = format!("{shown}: no answer within {:?}", timeout * 4);
+            Err(Check::Unreachable(StoreError::Unavailable(why)))
+        })
+}
+
+async fn check_answers(url: &str, shown: &str) -> Result<Server, Check> {
+    let client = redis::Client::open(url).map_err(|e| Check::Unusable(unavailable("invalid url", &e)))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| Check::of(shown, &e))?;
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn)
         .await
-        .map_err(|e| Check::of(&shown, &e))?;
+        .map_err(|e| Check::of(shown, &e))?;
     let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
     let version = field("redis_version:").unwrap_or("unknown");
     if major_minor(version) < (7, 0) {
@@ -861,14 +928,6 @@ fn major_minor(version: &str) -> (u32, u32) {
     match (parts.next().flatten(), parts.next().flatten()) {
         (Some(major), Some(minor)) => (major, minor),
         _ => (0, 0),
-    }
-}
-
-/// A URL without its password, for logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
-        _ => url.to_owned(),
     }
 }
 
@@ -1308,17 +1367,26 @@ impl Store for RedisStore {
     /// must say whether claims can land. The key is unlinked at once, so the store
     /// holds nothing but markers (`DBSIZE`, `KEYS <prefix>*`). `PSETEX` and `UNLINK`
     /// rather than `SET` and `DEL` keep it apart from the claims in `INFO commandstats`.
+    /// Ready while some write lands: in a cluster with a node down (and
+    /// `cluster-require-full-coverage no`), the other nodes' keys still work, and
+    /// SPEC has `/readyz` turn 503 only "while every store write fails".
     async fn ping(&self) -> Result<(), StoreError> {
         if let Some(why) = self.unusable.get() {
             return Err(StoreError::Unavailable(why.clone()));
         }
-        let key = self.health_key.as_str();
-        let args = [key.into(), Arg::Int(10_000), Arg::Int(super::unix_ms())];
-        self.call::<redis::Value>(&self.health, Call::Cmd("PSETEX", &args))
-            .await?;
-        self.call::<redis::Value>(&self.health, Call::Cmd("UNLINK", &[key.into()]))
-            .await
-            .map(drop)
+        let first = self.health_good.load(Ordering::Relaxed);
+        let Err(error) = self.write_health(first).await else {
+            return Ok(());
+        };
+        let others = (0..self.health_keys.len()).filter(|&i| i != first);
+        let tries = futures_util::future::join_all(others.map(|i| async move { (i, self.write_health(i).await) }));
+        match tries.await.into_iter().find(|(_, wrote)| wrote.is_ok()) {
+            Some((i, _)) => {
+                self.health_good.store(i, Ordering::Relaxed);
+                Ok(())
+            }
+            None => Err(error),
+        }
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
@@ -1705,8 +1773,22 @@ mod tests {
     }
 
     #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://user:secret@host:6379/0"), "redis://***@host:6379/0");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    fn key_slots_are_the_cluster_specs() {
+        // CRC16/XMODEM's check value, and the cluster spec's example.
+        assert_eq!(key_slot("123456789"), 0x31C3);
+        assert_eq!(key_slot("foo"), 12182);
+    }
+
+    #[test]
+    fn a_cluster_has_a_health_key_in_each_sixteenth_of_the_slots() {
+        let standalone = RedisTarget::Standalone("redis://h:6379".into());
+        assert_eq!(health_keys(&standalone, "dedup:"), ["dedup:__readyz"]);
+        let keys = health_keys(&RedisTarget::Cluster(vec!["redis://h:7000".into()]), "dedup:");
+        assert_eq!(keys.len(), 16);
+        for (part, key) in keys.iter().enumerate() {
+            let tag = key.strip_prefix("dedup:__readyz{").and_then(|k| k.strip_suffix('}'));
+            let slot = key_slot(tag.expect("a hash tag"));
+            assert_eq!(usize::from(slot / 1024), part, "{key}");
+        }
     }
 }

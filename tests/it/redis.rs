@@ -14,6 +14,7 @@ use crate::process::GatewayProcess;
 use crate::servers::{RedisCluster, RedisServer, SwallowingProxy, ids_in_one_slot};
 use crate::store_contract::redis_store;
 use crate::support::{Cfg, Client, Gate, Reply, Resp, TestGateway, Upstream, eventually, msg, within};
+use dedup_gateway::store::redis::key_slot;
 
 /// A gateway on this Redis, with the default `store.timeout` (250 ms).
 fn redis_cfg(url: &str) -> Cfg {
@@ -791,7 +792,7 @@ async fn claims_in_a_migrating_slot_all_reach_the_importing_node() {
     let gw = TestGateway::start(&cfg, &upstream).await;
 
     let (slot, ids) = ids_in_one_slot("m", 64);
-    let from = cluster.owner_of(slot);
+    let from = cluster.owner_of(slot).expect("the owner");
     let to = cluster
         .nodes
         .iter()
@@ -833,7 +834,7 @@ async fn a_dead_cluster_node_is_logged_once_per_request_not_per_reconnect() {
     let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
     let client = Client::http1(gw.addr);
     let (slot, ids) = ids_in_one_slot("d", 8);
-    let victim = cluster.owner_of(slot).port;
+    let victim = cluster.owner_of(slot).expect("the owner").port;
     cluster
         .nodes
         .iter_mut()
@@ -861,6 +862,58 @@ async fn a_dead_cluster_node_is_logged_once_per_request_not_per_reconnect() {
         assert_eq!(logged(id, &logs), 1, "{id} logged once:\n{logs}");
     }
     assert!(!logs.contains("Failed to connect"), "{logs}");
+}
+
+/// A cluster serving on with a node down (`cluster-require-full-coverage no`): the
+/// gateway stays ready whichever node it is, since the others' keys still take writes
+/// (SPEC: `/readyz` turns 503 "while every store write fails"); with every node down
+/// it is not ready.
+#[tokio::test]
+async fn a_cluster_with_a_node_down_stays_ready_and_with_all_down_is_not() {
+    let mut cluster = RedisCluster::start().await;
+    for node in &cluster.nodes {
+        assert!(
+            node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"])
+                .contains("OK")
+        );
+    }
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().store("backend = \"redis\"").store(&cluster.seeds_toml());
+    let gw = TestGateway::start(&cfg, &upstream).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    wait_ready(&admin, 200).await;
+
+    let pings = || gw.metric(r#"dedup_store_duration_seconds_count{op="ping"}"#);
+    for down in 0..cluster.nodes.len() {
+        cluster.nodes[down].kill();
+        let seen = pings();
+        // Four checks, 500 ms apart: past the 1.5 s a successful check counts for.
+        eventually("four readiness checks after the kill", || pings() >= seen + 4.0).await;
+        let ready = admin.send(Method::GET, "/readyz", &[], "").await.status;
+        assert_eq!(ready, 200, "ready with node {down} of three down");
+        let id = (0..)
+            .map(|i| format!("alive-{down}-{i}"))
+            .find(|id| cluster.owner_of(key_slot(&format!("dedup:bot:{id}"))).is_some())
+            .expect("an id on a live node");
+        // As a sender would: a node restarted in an earlier round may cost its first
+        // call a broken connection (503, retried), never a wrong answer.
+        let answer = within("an answer other than 503", async {
+            loop {
+                match gw.client().post("/hook", &msg(&id)).await.dedup() {
+                    "store-unavailable" => tokio::time::sleep(Duration::from_millis(20)).await,
+                    other => return other.to_owned(),
+                }
+            }
+        });
+        assert_eq!(answer.await, "forwarded");
+        cluster.nodes[down].restart().await;
+        cluster.await_ok().await;
+    }
+
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    wait_ready(&admin, 503).await;
 }
 
 #[tokio::test]

@@ -263,8 +263,14 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout)
         );
         let cluster = RedisCluster { nodes };
+        cluster.await_ok().await;
+        cluster
+    }
+
+    /// Waits until every node says the cluster is ok.
+    pub async fn await_ok(&self) {
         within("the cluster to agree on its slots", async {
-            while !cluster
+            while !self
                 .nodes
                 .iter()
                 .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
@@ -273,22 +279,22 @@ impl RedisCluster {
             }
         })
         .await;
-        cluster
     }
 
-    /// The node serving `slot`, by each node's own view (`CLUSTER NODES`, "myself").
-    pub fn owner_of(&self, slot: u16) -> &RedisServer {
-        self.nodes
-            .iter()
-            .find(|node| {
-                let nodes = node.cli(&["CLUSTER", "NODES"]);
-                let me = nodes.lines().find(|l| l.contains("myself")).expect("myself");
-                me.split(' ').skip(8).any(|range| {
-                    let (from, to) = range.split_once('-').unwrap_or((range, range));
-                    matches!((from.parse::<u16>(), to.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
-                })
+    /// The node serving `slot`, by each node's own view (`CLUSTER NODES`, "myself");
+    /// none while that node is down.
+    pub fn owner_of(&self, slot: u16) -> Option<&RedisServer> {
+        self.nodes.iter().find(|node| {
+            // A node that is down says nothing, and serves nothing.
+            let nodes = node.cli(&["CLUSTER", "NODES"]);
+            let Some(me) = nodes.lines().find(|l| l.contains("myself")) else {
+                return false;
+            };
+            me.split(' ').skip(8).any(|range| {
+                let (from, to) = range.split_once('-').unwrap_or((range, range));
+                matches!((from.parse::<u16>(), to.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
             })
-            .expect("a node serves every slot")
+        })
     }
 
     /// `cluster = [...]` for gateway.toml.
@@ -434,25 +440,11 @@ async fn pipe(
 /// `n` message ids (`<prefix>-<i>`) whose keys on the route `bot` (prefix `dedup:`)
 /// share one cluster slot, and that slot.
 pub fn ids_in_one_slot(prefix: &str, n: usize) -> (u16, Vec<String>) {
-    let key = |id: &str| key_slot(&format!("dedup:bot:{id}"));
+    let key = |id: &str| dedup_gateway::store::redis::key_slot(&format!("dedup:bot:{id}"));
     let slot = key(&format!("{prefix}-0"));
     let ids = (0..)
         .map(|i| format!("{prefix}-{i}"))
         .filter(|id| key(id) == slot)
         .take(n);
     (slot, ids.collect())
-}
-
-/// The Redis Cluster hash slot of a key without a `{hash tag}`: CRC16 (XMODEM) mod 16384.
-fn key_slot(key: &str) -> u16 {
-    let crc = key.bytes().fold(0u16, |crc, byte| {
-        (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
-            if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            }
-        })
-    });
-    crc % 16384
 }

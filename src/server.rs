@@ -34,13 +34,11 @@ impl Listeners {
     pub async fn bind(server: &ServerConfig) -> std::io::Result<Self> {
         let mut proxy = Vec::with_capacity(server.workers);
         let mut addr = server.listen;
+        if addr.port() != 0 {
+            refuse_a_port_in_use(addr)?;
+        }
         for _ in 0..server.workers {
-            let socket = if addr.is_ipv4() {
-                TcpSocket::new_v4()?
-            } else {
-                TcpSocket::new_v6()?
-            };
-            socket.set_reuseaddr(true)?;
+            let socket = new_socket(addr)?;
             socket.set_reuseport(true)?;
             socket.set_nodelay(true)?;
             socket.bind(addr).map_err(at(addr))?;
@@ -61,6 +59,26 @@ impl Listeners {
             None => Err(std::io::Error::other("no proxy listener")),
         }
     }
+}
+
+/// `SO_REUSEPORT` admits any socket of the same user to the port, so a second
+/// gateway started on this address (a unit and a manual run) would share the traffic,
+/// and with the memory store each would dedupe alone: both would forward one message.
+/// A bind without it fails while any socket listens there, as it would for any server.
+fn refuse_a_port_in_use(addr: SocketAddr) -> std::io::Result<()> {
+    new_socket(addr)?.bind(addr).map_err(at(addr))
+}
+
+/// A TCP socket for `addr`'s family, with `SO_REUSEADDR` (a restart need not wait out
+/// the last run's closed connections).
+fn new_socket(addr: SocketAddr) -> std::io::Result<TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    Ok(socket)
 }
 
 /// Names the address a bind failed on (the proxy's or the admin listener's).

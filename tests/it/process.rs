@@ -247,6 +247,44 @@ fn check_refuses_an_admin_listener_on_the_proxy_port() {
     );
 }
 
+/// A second gateway started on a running one's address (a unit and a manual run) is
+/// refused, as by any server, before it listens: `SO_REUSEPORT` would otherwise let
+/// it share the port, and with the memory store each would forward one message.
+#[tokio::test]
+async fn a_second_gateway_on_the_same_address_is_refused() {
+    let upstream = crate::support::Upstream::ok().await;
+    let first = GatewayProcess::start(&Cfg::new().toml(&upstream.url())).await;
+    let listen = format!("listen = \"{}\"", first.addr);
+    let second = TempFile::new("second.toml", &Cfg::new().server(&listen).toml(&upstream.url()));
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", second.0.to_str().expect("path")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Its stderr to the end, or to the line that says it serves (then it is stopped).
+    let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let lines: Vec<String> = stderr
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|l| !l.contains("serving"))
+        .collect();
+    let _ = child.kill();
+    let status = child.wait().expect("wait");
+    let stderr = lines.join("\n");
+    assert_eq!(status.code(), Some(1), "the second gateway serves:\n{stderr}");
+    let expected = format!("cannot listen on {}: Address already in use", first.addr);
+    assert!(stderr.contains(&expected), "{stderr}");
+    // The first still serves alone: one message, one forward.
+    let client = crate::support::Client::http1(first.addr);
+    for expected in ["forwarded", "duplicate"] {
+        assert_eq!(
+            client.post("/hook", &crate::support::msg("twice")).await.dedup(),
+            expected
+        );
+    }
+    assert_eq!(upstream.count(), 1);
+}
+
 /// `check | head -1`: a reader that has gone ends the output, without a panic.
 #[test]
 fn check_into_a_closed_pipe_exits_0_without_a_panic() {

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{self, Config, ConfigError};
 use crate::gateway::Gateway;
 
 /// The file a running gateway was started from, and what of it is in effect.
@@ -63,6 +63,13 @@ impl Reloader {
         }
         if new.store != running.store {
             needs_restart.push("store");
+            // The new routes were checked against the file's store.timeout; the running
+            // one stays, and a marker must outlive what an owner can hold it with that.
+            let problems = config::ttl_problems(&new.routes, running.store.timeout);
+            if !problems.is_empty() {
+                let path = self.path.display().to_string();
+                return Err(ConfigError::Invalid { path, problems });
+            }
         }
         gw.swap_routes(&new);
         running.routes = new.routes;

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use read::{Problems, Section};
-pub use route::{DuplicateAnswer, PathPattern, RouteConfig, RoutePolicy, processing_ttl_floor};
+pub use route::{DuplicateAnswer, PathPattern, RouteConfig, RoutePolicy, processing_ttl_floor, ttl_problems};
 
 use crate::dedup::policy::OnStoreError;
 

@@ -445,19 +445,35 @@ pub fn processing_ttl_floor(upstream_timeout: Duration, store_timeout: Duration)
 }
 
 fn check_ttls(s: &Section, r: &RoutePolicy, store_timeout: Duration, problems: &mut Problems) {
-    let floor = processing_ttl_floor(r.upstream_timeout, store_timeout);
-    if r.processing_ttl <= floor {
-        problems.push(
-            s.path_of("processing_ttl"),
-            format!(
-                "{} must exceed upstream_timeout ({}) + 4 x store.timeout ({}) = {}",
-                humantime::format_duration(r.processing_ttl),
-                humantime::format_duration(r.upstream_timeout),
-                humantime::format_duration(store_timeout),
-                humantime::format_duration(floor),
-            ),
-        );
+    if let Some(problem) = ttl_problem(r, store_timeout) {
+        problems.push(s.path_of("processing_ttl"), problem);
     }
+}
+
+/// Why `r.processing_ttl` is too short with this store timeout, if it is.
+fn ttl_problem(r: &RoutePolicy, store_timeout: Duration) -> Option<String> {
+    let floor = processing_ttl_floor(r.upstream_timeout, store_timeout);
+    (r.processing_ttl <= floor).then(|| {
+        format!(
+            "{} must exceed upstream_timeout ({}) + 4 x store.timeout ({}) = {}",
+            humantime::format_duration(r.processing_ttl),
+            humantime::format_duration(r.upstream_timeout),
+            humantime::format_duration(store_timeout),
+            humantime::format_duration(floor),
+        )
+    })
+}
+
+/// The routes' `processing_ttl` problems with another store timeout than their file's:
+/// a reload keeps the running `[store]`, so the new routes must be safe with it.
+pub fn ttl_problems(routes: &[RouteConfig], store_timeout: Duration) -> Vec<String> {
+    let problems = routes.iter().enumerate().filter_map(|(i, route)| {
+        let problem = ttl_problem(&route.policy, store_timeout)?;
+        Some(format!(
+            "routes[{i}].processing_ttl: {problem} (the running one: [store] changes need a restart)"
+        ))
+    });
+    problems.collect()
 }
 
 fn checked<T>(s: &Section, key: &str, parsed: Result<T, String>, problems: &mut Problems) -> Option<T> {

@@ -187,6 +187,40 @@ async fn sighup_and_post_reload_swap_routes_and_a_broken_file_changes_nothing() 
     assert_eq!(reloads(&admin, "success").await, 2.0);
 }
 
+/// `[store]` changes wait for a restart, so a reloaded route's `processing_ttl` must
+/// be safe with the running store timeout, not only with the one in the file.
+#[tokio::test]
+async fn a_reload_checks_processing_ttl_against_the_running_store_timeout() {
+    let upstream = Upstream::ok().await;
+    let cfg = |store_timeout: &str, processing_ttl: &str| {
+        Cfg::new()
+            .store(&format!("timeout = \"{store_timeout}\""))
+            .route("upstream_timeout = \"5s\"")
+            .route(&format!("processing_ttl = \"{processing_ttl}\""))
+            .toml(&upstream.url())
+    };
+    let gw = GatewayProcess::start(&cfg("2s", "14s")).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+
+    // Safe with the file's 100ms (5.4s), not with the running 2s (13s).
+    std::fs::write(&gw.config.0, cfg("100ms", "6s")).expect("write");
+    let r = admin.send(Method::POST, "/reload", &[], "").await;
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert!(
+        r.body
+            .contains("routes[0].processing_ttl: 6s must exceed upstream_timeout (5s) + 4 x store.timeout (2s)"),
+        "{}",
+        r.body
+    );
+    assert_eq!(reloads(&admin, "failure").await, 1.0);
+
+    // Safe with both: reloaded, the [store] change reported as waiting for a restart.
+    std::fs::write(&gw.config.0, cfg("100ms", "14s")).expect("write");
+    let r = admin.send(Method::POST, "/reload", &[], "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("[store]"), "{}", r.body);
+}
+
 #[tokio::test]
 async fn a_request_still_running_when_the_grace_ends_leaves_no_marker_in_redis() {
     let server = RedisServer::start().await;

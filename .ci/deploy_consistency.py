@@ -207,8 +207,10 @@ def main(argv):
                 err(f"{wn}: {replicas} replicas need store.backend = \"redis\" (memory is per process)")
             drain = (duration(server.get("shutdown_delay", "0s")) or 0) + \
                 (duration(server.get("shutdown_grace", "30s")) or 0)
-            if pod.get("terminationGracePeriodSeconds", 30) <= drain:
-                err(f"{wn}: terminationGracePeriodSeconds must exceed shutdown_delay + shutdown_grace ({drain:g}s)")
+            # After the grace: up to 2 s of releases, then 0.5 s for the 503s (README).
+            if pod.get("terminationGracePeriodSeconds", 30) < drain + 3:
+                err(f"{wn}: terminationGracePeriodSeconds must exceed shutdown_delay + shutdown_grace "
+                    f"({drain:g}s) by 3s or more")
             env_names = {e["name"] for e in c.get("env", [])}
             env_from = [s["secretRef"]["name"] for s in c.get("envFrom", []) if "secretRef" in s]
             for s in env_from:

@@ -75,10 +75,7 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
         let io = TokioIo::new(Watched::new(stream, prefix, Frames::new(Arc::clone(&activity))));
         let conn = protocols.h2.serve_connection(io, service);
         let watchdog = watchdog(&activity, &protocols, None);
-        drive(conn, &protocols.draining, watchdog, || {
-            activity.writes.load(Ordering::Relaxed)
-        })
-        .await
+        drive(conn, &protocols.draining, watchdog, Some(&activity)).await
     } else {
         // hyper's own header timer bounds heads and idle keep-alive on HTTP/1. A watch
         // is added only where that is not enough: `idle_timeout` shorter than
@@ -95,8 +92,7 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
                 None => std::future::pending().await,
             }
         };
-        let writes = || activity.as_ref().map_or(0, |a| a.writes.load(Ordering::Relaxed));
-        drive(conn, &protocols.draining, watchdog, writes).await
+        drive(conn, &protocols.draining, watchdog, activity.as_deref()).await
     };
     if let Err(e) = result {
         tracing::debug!(client = %addr, error = %e, "connection ended with an error");
@@ -121,19 +117,20 @@ enum Stop {
     Stalled,
 }
 
-/// How long an idle connection told to close may go without writing a byte before it
-/// is dropped: an h2c client that never acknowledges the GOAWAY's PING would otherwise
-/// hold it open for good, while a response still streaming out keeps writing.
+/// How long a connection told to close, with no request in flight, may go without
+/// writing a byte before it is dropped: an h2c client that never acknowledges the
+/// GOAWAY's PING would otherwise hold it open for good (and a drain until its grace
+/// ends), while a response still streaming out keeps writing.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs a connection until it ends, shutting it down gracefully when the drain starts
-/// or it sits idle, and dropping it when it stalls. `writes` counts the writes that
-/// carried bytes (see [`IDLE_CLOSE_GRACE`]).
+/// or it sits idle, and dropping it when it stalls. With `activity` (every h2c
+/// connection; HTTP/1 ones with a watchdog), a goodbye that stalls is cut short.
 async fn drive<C>(
     conn: C,
     draining: &Signal,
     watchdog: impl Future<Output = Stop>,
-    writes: impl Fn() -> u64,
+    activity: Option<&Activity>,
 ) -> Result<(), C::Error>
 where
     C: GracefulConnection,
@@ -147,24 +144,33 @@ where
             result = conn.as_mut() => return result,
             () = &mut drained, if !closing => {
                 conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
-            stop = &mut watchdog, if !closing => match stop {
-                Stop::Idle => {
-                    conn.as_mut().graceful_shutdown();
-                    loop {
-                        let before = writes();
-                        match tokio::time::timeout(IDLE_CLOSE_GRACE, conn.as_mut()).await {
-                            Ok(result) => return result,
-                            // Still writing: a response body on its way out.
-                            Err(_) if writes() != before => {}
-                            // Silent: no request is lost by cutting a slow goodbye short.
-                            Err(_) => return Ok(()),
-                        }
-                    }
+                match activity {
+                    Some(activity) => return goodbye(conn.as_mut(), activity).await,
+                    None => closing = true,
                 }
-                Stop::Stalled => return Ok(()),
+            }
+            stop = &mut watchdog, if !closing => match (stop, activity) {
+                (Stop::Idle, Some(activity)) => {
+                    conn.as_mut().graceful_shutdown();
+                    return goodbye(conn.as_mut(), activity).await;
+                }
+                (Stop::Idle, None) | (Stop::Stalled, _) => return Ok(()),
             },
+        }
+    }
+}
+
+/// Lets a connection told to close finish, while it has requests in flight or writes
+/// bytes; silent and idle for [`IDLE_CLOSE_GRACE`], it is dropped: no request is lost
+/// by cutting a slow goodbye short.
+async fn goodbye<C: GracefulConnection>(mut conn: Pin<&mut C>, activity: &Activity) -> Result<(), C::Error> {
+    loop {
+        let before = activity.writes.load(Ordering::Relaxed);
+        match tokio::time::timeout(IDLE_CLOSE_GRACE, conn.as_mut()).await {
+            Ok(result) => return result,
+            Err(_) if activity.writes.load(Ordering::Relaxed) != before => {}
+            Err(_) if activity.streams.load(Ordering::Relaxed) > 0 => {}
+            Err(_) => return Ok(()),
         }
     }
 }

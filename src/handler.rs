@@ -42,7 +42,6 @@ pub(crate) fn handle(
         };
         // Only the debug line uses it.
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let _in_flight = route.metrics.in_flight();
         let method = req.method().clone();
         let (key, result) = if is_deduped(&method) {
             keyed(&gw, &route, peer, req).await
@@ -51,6 +50,7 @@ pub(crate) fn handle(
             match route.config.sender.as_ref().map(|s| s.inspect_passthrough(&head)) {
                 Some(Err(failure)) => (None, Err(failure.into())),
                 _ => {
+                    let _in_flight = route.metrics.in_flight();
                     let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
                     (None, bypass.await)
                 }
@@ -106,6 +106,9 @@ async fn keyed(
         Some(Err(ReadError::Broken(e))) => return (None, Err(GatewayError::BadBody(e))),
         None => return (None, Err(GatewayError::SlowBody(gw.body_timeout))),
     };
+    // In flight from here: what the drain waits for at the end of the shutdown grace
+    // (a body still arriving then holds no claim; its connection is simply closed).
+    let _in_flight = route.metrics.in_flight();
     let config = &route.config;
     // The sender's check comes before any store call; keys read the plaintext.
     let verdict = match config.sender.as_ref().map(|s| s.inspect(&head, &body, unix_ms())) {

@@ -460,6 +460,11 @@ impl RouteMetrics {
         self.duplicate_age.observe(age.as_secs_f64());
     }
 
+    /// Requests in flight on this route now.
+    pub fn in_flight_now(&self) -> i64 {
+        self.in_flight.get()
+    }
+
     /// Counts a request as in flight on this route until the guard is dropped.
     pub fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.inc();

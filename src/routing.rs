@@ -44,10 +44,16 @@ impl Routes {
 
     /// The route called `name` (for the admin API; a scan, never on the request path).
     pub fn named(&self, name: &str) -> Option<&Arc<Route>> {
-        self.exact
-            .values()
-            .chain(self.prefixes.iter().map(|(_, route)| route))
-            .find(|route| route.config.name == name)
+        self.all().find(|route| route.config.name == name)
+    }
+
+    /// Requests being handled on these routes now (`dedup_in_flight`, summed).
+    pub fn in_flight(&self) -> i64 {
+        self.all().map(|route| route.metrics.in_flight_now()).sum()
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.exact.values().chain(self.prefixes.iter().map(|(_, route)| route))
     }
 
     /// How many routes this table has.

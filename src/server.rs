@@ -86,8 +86,14 @@ fn at(addr: SocketAddr) -> impl Fn(std::io::Error) -> std::io::Error {
     move |e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
 }
 
-/// Time allowed, after the grace period, for abandoned owners to release their claims.
+/// Time allowed, after the grace period, for abandoned requests to release their
+/// claims and be answered (store calls, bounded by `store.timeout` each).
 const RELEASE_BUDGET: Duration = Duration::from_secs(2);
+
+/// Time then allowed for their connections to write those answers. A connection with
+/// nothing left to write (a body that never finishes arriving, an h2c client that never
+/// acknowledges the GOAWAY) is not waited for beyond it.
+const ANSWER_BUDGET: Duration = Duration::from_millis(500);
 
 /// Serves until `shutdown` resolves, then drains and returns.
 ///
@@ -266,19 +272,29 @@ async fn drain(gw: &Gateway, connections: &TaskTracker, grace: Duration) {
         tracing::info!("drained");
         return;
     }
-    tracing::warn!(
-        still_running = gw.tasks.len(),
-        "shutdown grace over: abandoning in-flight requests"
-    );
+    // Requests in their connection's task, and owners on their own (their sender left).
+    let running = || gw.routes.load().in_flight().max(0) as usize + gw.tasks.len();
+    if running() > 0 {
+        tracing::warn!(
+            still_running = running(),
+            "shutdown grace over: abandoning in-flight requests"
+        );
+    }
     gw.abandon_owners();
-    // The abandoned requests release their claims, then their connections write the
-    // 503s: both must happen before the process exits.
+    // The abandoned requests release their claims and are answered 503, then their
+    // connections write the answers: both before the process exits.
     let released = tokio::time::timeout(RELEASE_BUDGET, async {
         gw.tasks.wait().await;
-        connections.await;
+        while running() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     })
     .await;
     if released.is_err() {
-        tracing::warn!("some claims could not be released; they expire after processing_ttl");
+        tracing::warn!(
+            still_running = running(),
+            "some claims could not be released; they expire after processing_ttl"
+        );
     }
+    let _ = tokio::time::timeout(ANSWER_BUDGET, connections).await;
 }

@@ -491,7 +491,7 @@ impl http_body::Body for Trickle {
 }
 
 /// One h2 frame: length, type, flags, stream id, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = (payload.len() as u32).to_be_bytes();
     let mut f = vec![len[1], len[2], len[3], kind, flags];
     f.extend_from_slice(&stream.to_be_bytes());

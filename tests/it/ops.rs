@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use http::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::process::GatewayProcess;
 use crate::servers::RedisServer;
@@ -221,6 +222,34 @@ async fn a_reload_checks_processing_ttl_against_the_running_store_timeout() {
     assert!(r.body.contains("[store]"), "{}", r.body);
 }
 
+/// A request whose body is still arriving when the shutdown grace ends holds no claim:
+/// the drain does not wait for it, nor warn of claims it could not release; its
+/// connection is closed (the sender retries), never answered 200.
+#[tokio::test]
+async fn a_body_still_arriving_when_the_grace_ends_does_not_hold_the_drain() {
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new().server("shutdown_grace = \"300ms\"");
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let mut stream = tokio::net::TcpStream::connect(gw.addr).await.expect("connect");
+    let head = "POST /hook HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.expect("head");
+    // hyper says 100 Continue when the handler starts reading the body.
+    let mut continued = [0u8; 25];
+    stream.read_exact(&mut continued).await.expect("100 Continue");
+    assert!(continued.starts_with(b"HTTP/1.1 100 Continue"), "{continued:?}");
+    stream.write_all(b"{\"msgId\":").await.expect("part of the body");
+    gw.signal("TERM");
+    let logs = std::sync::Arc::clone(&gw.logs);
+    assert_eq!(gw.wait().await, Some(0));
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    assert!(!answer.contains(" 200 "), "{answer}");
+    let logs = logs.lock().expect("logs").join("\n");
+    assert!(!logs.contains("could not be released"), "{logs}");
+    assert!(!logs.contains("abandoning in-flight"), "nothing was in flight: {logs}");
+    assert_eq!(upstream.count(), 0);
+}
+
 #[tokio::test]
 async fn a_request_still_running_when_the_grace_ends_leaves_no_marker_in_redis() {
     let server = RedisServer::start().await;
@@ -238,7 +267,12 @@ async fn a_request_still_running_when_the_grace_ends_leaves_no_marker_in_redis()
     gw.signal("TERM");
     let answer = within("the abandoned request", stuck).await.expect("task");
     assert_eq!((answer.status.as_u16(), answer.dedup()), (503, "aborted"));
+    let logs = std::sync::Arc::clone(&gw.logs);
     assert_eq!(gw.wait().await, Some(0));
+    let logs = logs.lock().expect("logs").join("\n");
+    let abandoning = logs.lines().find(|l| l.contains("abandoning in-flight requests"));
+    assert!(abandoning.is_some_and(|l| l.contains(r#""still_running":1"#)), "{logs}");
+    assert!(!logs.contains("could not be released"), "{logs}");
     assert_eq!(
         server.cli(&["EXISTS", "dedup:bot:stuck"]).trim(),
         "0",

@@ -200,8 +200,8 @@ gateway.toml from .Values.config: top-level values, then tables ([server], [stor
 {{- end -}}
 {{- $delay := include "dedup-gateway.durationMs" ($server.shutdown_delay | default "0s") | int64 -}}
 {{- $grace := include "dedup-gateway.durationMs" ($server.shutdown_grace | default "30s") | int64 -}}
-{{- if and (ge $delay 0) (ge $grace 0) (le (mul (int64 .Values.terminationGracePeriodSeconds) 1000) (add $delay $grace)) -}}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed shutdown_delay + shutdown_grace (%v ms)" .Values.terminationGracePeriodSeconds (add $delay $grace)) -}}
+{{- if and (ge $delay 0) (ge $grace 0) (lt (mul (int64 .Values.terminationGracePeriodSeconds) 1000) (add $delay $grace 3000)) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed shutdown_delay + shutdown_grace (%v ms) by 3s or more (releases and their 503s come after the grace)" .Values.terminationGracePeriodSeconds (add $delay $grace)) -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.serviceMonitor.enabled (not .Values.adminService.enabled) -}}

@@ -127,16 +127,19 @@ impl Gateway {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Logged when it changes, by the checks alone (not by draining, and not
+            // by readiness, which holds a success for READY_WINDOW).
+            let mut answered: Option<bool> = None;
             loop {
                 tick.tick().await;
                 let Some(gw) = gw.upgrade() else { return };
-                let was_ready = gw.is_ready();
                 let ok = gw.check_store().await;
-                if was_ready && !ok {
-                    tracing::warn!("store stopped answering: not ready");
-                } else if !was_ready && ok {
-                    tracing::info!("store answers");
+                match (answered, ok) {
+                    (Some(true) | None, false) => tracing::warn!("store stopped answering: not ready"),
+                    (Some(false), true) => tracing::info!("store answers"),
+                    _ => {}
                 }
+                answered = Some(ok);
             }
         });
     }

@@ -222,6 +222,46 @@ async fn a_reload_checks_processing_ttl_against_the_running_store_timeout() {
     assert!(r.body.contains("[store]"), "{}", r.body);
 }
 
+/// The store's state is logged when it changes: once when Redis stops answering, once
+/// when it answers again, and not on every readiness check nor through a drain.
+#[tokio::test]
+async fn store_outages_are_logged_once_each_way() {
+    let mut server = RedisServer::start().await;
+    let upstream = Upstream::ok().await;
+    let cfg = Cfg::new()
+        .server("shutdown_delay = \"1500ms\"")
+        .store("backend = \"redis\"")
+        .store(&format!("url = \"{}\"", server.url()));
+    let gw = GatewayProcess::start(&cfg.toml(&upstream.url())).await;
+    let admin = Client::http1(gw.admin.expect("admin"));
+    let count = |what: &str| {
+        gw.logs
+            .lock()
+            .expect("logs")
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    let ping_errors = || async { metric_value(&scrape(&admin).await, r#"dedup_store_errors_total{op="ping"}"#) };
+
+    server.kill();
+    within("three failed checks", async {
+        while ping_errors().await < 3.0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    server.restart().await;
+    crate::support::eventually("the store to answer again", || count("store answers") > 0).await;
+    // Through shutdown_delay (three checks) the store answers: nothing more to say.
+    gw.signal("TERM");
+    let logs = std::sync::Arc::clone(&gw.logs);
+    assert_eq!(gw.wait().await, Some(0));
+    let logs = logs.lock().expect("logs").join("\n");
+    assert_eq!(logs.matches("store stopped answering").count(), 1, "{logs}");
+    assert_eq!(logs.matches("store answers").count(), 1, "{logs}");
+}
+
 /// A request whose body is still arriving when the shutdown grace ends holds no claim:
 /// the drain does not wait for it, nor warn of claims it could not release; its
 /// connection is closed (the sender retries), never answered 200.

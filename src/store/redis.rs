@@ -629,8 +629,11 @@ impl RedisStore {
             store.load_scripts().await?;
             store.prepare_thread().await;
         } else {
-            // Calls connect as they go; IFEQ support is learnt from the first reply and
-            // the scripts load on the first NOSCRIPT. Only the check's log is left.
+            // Calls connect as they go, and the scripts load on the first NOSCRIPT.
+            // A server not read at start may be older than 8.4: complete and release
+            // use the scripts (right on every server) until a restart reads them all.
+            store.set_if_eq.store(false, Ordering::Relaxed);
+            store.del_if_eq.store(false, Ordering::Relaxed);
             check_later(unreachable, timeout, &store.unusable);
         }
         Ok(store)

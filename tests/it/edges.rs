@@ -257,6 +257,10 @@ async fn a_gateway_started_while_redis_is_down_serves_once_it_comes_up() {
     assert_eq!(gw.client().post("/hook", &msg("early")).await.dedup(), "duplicate");
     assert!(server.cli(&["GET", "dedup:bot:early"]).contains("completed"));
     assert_eq!(upstream.count(), 1);
+    // Not read at start, this Redis 7 was not sent SET IFEQ (it would answer ERR);
+    // its scripts loaded on the first NOSCRIPT.
+    let errors = server.cli(&["INFO", "errorstats"]);
+    assert!(!errors.contains("errorstat_ERR"), "{errors}");
 }
 
 /// PING answers on a read-only replica; claims do not land there. Readiness must say

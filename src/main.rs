@@ -85,7 +85,11 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.log_level.as_deref());
-    let result = match cli.command.unwrap_or(Command::Serve) {
+    let command = cli.command.unwrap_or(Command::Serve);
+    // A collector reading `serve`'s JSON lines gets the reason it did not start as
+    // one of them; `check` and `key` answer a person in text.
+    let json_errors = matches!(command, Command::Serve) && matches!(cli.log_format, LogFormat::Json);
+    let result = match command {
         Command::Serve => serve(&cli.config),
         Command::Check => check(&cli.config),
         Command::Key {
@@ -111,6 +115,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        Err(e) if json_errors => {
+            tracing::error!(error = format!("{e:#}"), "cannot start");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -118,12 +118,10 @@ const INSECURE: &str = "#insecure";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The I/O error is in the message, and not a `source` too: an error chain
+    /// printed whole (`main`'s) would say it twice.
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path}: invalid TOML: {message}")]
     Syntax { path: String, message: String },
     #[error("{} problem(s) in {path}:\n  {}", problems.len(), problems.join("\n  "))]
@@ -132,9 +130,9 @@ pub enum ConfigError {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::parse(&text).map_err(|e| e.at(path))
     }
@@ -486,10 +484,22 @@ fn redis_url(path: &str, url: &str, tls_skip_verify: bool, problems: &mut Proble
         return None;
     }
     // What the store will parse: a URL it cannot read is refused here, not at start.
-    if deadpool_redis::redis::IntoConnectionInfo::into_connection_info(url).is_err() {
+    if let Err(e) = deadpool_redis::redis::IntoConnectionInfo::into_connection_info(url) {
+        // redis-rs's reason ("Invalid port", ...), unless it could quote the password.
+        let userinfo = url
+            .split_once("://")
+            .and_then(|(_, rest)| rest.rsplit_once('@'))
+            .map(|(u, _)| u);
+        let why = e.to_string();
+        let why = match userinfo {
+            Some(secret) if why.contains(secret) => "it does not parse".to_owned(),
+            _ => why,
+        };
         problems.push(
             path,
-            format!("{shown:?} is not a valid Redis URL (percent-encode / ? # @ in a password: %2F %3F %23 %40)"),
+            format!(
+                "{shown:?} is not a valid Redis URL ({why}; percent-encode / ? # @ in a password: %2F %3F %23 %40)"
+            ),
         );
         return None;
     }

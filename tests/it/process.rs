@@ -215,6 +215,15 @@ fn a_redis_address_given_wrongly_is_one_error_at_its_key() {
             &["cluster_env = \"HOME\""],
             "store.cluster_env: only applies to backend = \"redis\"",
         ),
+        // What serve would refuse at start, check refuses too.
+        (
+            &["backend = \"redis\"", "url = \"redis://127.0.0.1:6379/abc\""],
+            "store.url: \"redis://127.0.0.1:6379/abc\" is not a valid Redis URL (Invalid database number",
+        ),
+        (
+            &["backend = \"redis\"", "url = \"redis://127.0.0.1:port/0\""],
+            "store.url: \"redis://127.0.0.1:port/0\" is not a valid Redis URL",
+        ),
     ] {
         let config = TempFile::new("gateway.toml", &store_cfg(lines));
         let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
@@ -283,6 +292,35 @@ async fn a_second_gateway_on_the_same_address_is_refused() {
         );
     }
     assert_eq!(upstream.count(), 1);
+}
+
+/// `serve --log-format json` that cannot start says why in a JSON line too, as its
+/// collector reads them; a missing file's error is said once.
+#[test]
+fn a_start_that_fails_is_logged_as_json_with_the_reason_once() {
+    let bad = TempFile::new(
+        "bad.toml",
+        &Cfg::new().route("on_in_flight = \"later\"").toml("http://127.0.0.1:9"),
+    );
+    let missing = format!("{}.missing", bad.0.display());
+    for (config, reason) in [
+        (bad.0.to_str().expect("path"), "on_in_flight"),
+        (missing.as_str(), "No such file or directory"),
+    ] {
+        let out = run(&["--log-format", "json", "serve", "--config", config], "");
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = text(&out.stderr);
+        let lines: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+            .collect();
+        let error = lines
+            .iter()
+            .find(|l| l["message"] == "cannot start")
+            .expect("the reason");
+        let error = error["error"].as_str().expect("error field");
+        assert_eq!(error.matches(reason).count(), 1, "{error}");
+    }
 }
 
 /// `check | head -1`: a reader that has gone ends the output, without a panic.

@@ -296,21 +296,27 @@ def main(argv):
             err(f"{where}: scrapes port {target!r} of {w['kind']}/{w['metadata']['name']}, "
                 f"not the gateway's admin port {admin} (/metrics)")
 
+    def monitor_endpoints(name, spec, key, more_keys):
+        """A ServiceMonitor's or PodMonitor's endpoints (under `key`), each scraping /metrics."""
+        allowed = {"selector", key, "namespaceSelector"} | more_keys
+        if set(spec) - allowed:
+            err(f"{name}: unexpected spec keys {sorted(set(spec) - allowed)}")
+        if not spec.get(key):
+            err(f"{name}: no {key}")
+        for ep in spec.get(key, []):
+            if set(ep) - {"port", "path", "interval", "scrapeTimeout", "scheme"}:
+                err(f"{name}: unexpected endpoint keys {sorted(ep)}")
+            if ep.get("path", "/metrics") != "/metrics":
+                err(f"{name}: endpoint path {ep.get('path')!r}: the gateway serves /metrics")
+        return spec.get(key, [])
+
     for sm in by_kind("ServiceMonitor"):
         smn = f"ServiceMonitor/{sm['metadata']['name']}"
         spec = sm.get("spec", {})
-        if set(spec) - {"selector", "endpoints", "namespaceSelector", "jobLabel"}:
-            err(f"{smn}: unexpected spec keys {sorted(set(spec) - {'selector', 'endpoints'})}")
         targets = [s for s in services if matches(spec.get("selector", {}).get("matchLabels"), s["metadata"].get("labels", {}))]
         if not targets:
             err(f"{smn}: selector matches no Service")
-        if not spec.get("endpoints"):
-            err(f"{smn}: no endpoints")
-        for ep in spec.get("endpoints", []):
-            if set(ep) - {"port", "path", "interval", "scrapeTimeout", "scheme"}:
-                err(f"{smn}: unexpected endpoint keys {sorted(ep)}")
-            if ep.get("path", "/metrics") != "/metrics":
-                err(f"{smn}: endpoint path {ep.get('path')!r}: the gateway serves /metrics")
+        for ep in monitor_endpoints(smn, spec, "endpoints", {"jobLabel"}):
             if not any(p.get("name") == ep.get("port") for s in targets for p in s["spec"].get("ports", [])):
                 err(f"{smn}: endpoint port {ep.get('port')!r} is not a port of the selected Service")
             for s in targets:
@@ -325,18 +331,10 @@ def main(argv):
     for pm in by_kind("PodMonitor"):
         pmn = f"PodMonitor/{pm['metadata']['name']}"
         spec = pm.get("spec", {})
-        if set(spec) - {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}:
-            err(f"{pmn}: unexpected spec keys {sorted(spec)}")
         pods = [w for w in workloads if matches(spec.get("selector", {}).get("matchLabels"), pod_labels(w))]
         if not pods:
             err(f"{pmn}: selector matches no workload's pods")
-        if not spec.get("podMetricsEndpoints"):
-            err(f"{pmn}: no podMetricsEndpoints")
-        for ep in spec.get("podMetricsEndpoints", []):
-            if set(ep) - {"port", "path", "interval", "scrapeTimeout", "scheme"}:
-                err(f"{pmn}: unexpected endpoint keys {sorted(ep)}")
-            if ep.get("path", "/metrics") != "/metrics":
-                err(f"{pmn}: endpoint path {ep.get('path')!r}: the gateway serves /metrics")
+        for ep in monitor_endpoints(pmn, spec, "podMetricsEndpoints", {"jobLabel", "podTargetLabels"}):
             port = ep.get("port")
             if not isinstance(port, str):
                 err(f"{pmn}: endpoint port must name a container port")

@@ -138,6 +138,15 @@ fn processing_ttl_must_cover_four_store_calls_besides_the_upstream() {
     );
 }
 
+/// Runs `check` on `toml`, which it must refuse (exit 1); its stderr.
+fn check_refuses(toml: &str) -> String {
+    let config = TempFile::new("gateway.toml", toml);
+    let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 /// A config whose `[store]` has these lines.
 fn store_cfg(lines: &[&str]) -> String {
     lines
@@ -175,13 +184,10 @@ fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_ref
     let out = run(&["check", "--config", memory.0.to_str().expect("path")], "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("warning: store.pool_size: ignored"));
-    let url = TempFile::new("url.toml", &store_cfg(&["url = \"redis://127.0.0.1:6379/0\""]));
-    let out = run(&["check", "--config", url.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(1));
+    let errors = check_refuses(&store_cfg(&["url = \"redis://127.0.0.1:6379/0\""]));
     assert!(
-        text(&out.stderr).contains("store.url: only applies to backend = \"redis\""),
-        "{}",
-        text(&out.stderr)
+        errors.contains("store.url: only applies to backend = \"redis\""),
+        "{errors}"
     );
 }
 
@@ -225,10 +231,7 @@ fn a_redis_address_given_wrongly_is_one_error_at_its_key() {
             "store.url: \"redis://127.0.0.1:port/0\" is not a valid Redis URL",
         ),
     ] {
-        let config = TempFile::new("gateway.toml", &store_cfg(lines));
-        let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
-        let errors = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{lines:?}: {errors}");
+        let errors = check_refuses(&store_cfg(lines));
         assert!(errors.contains(expected), "{expected:?} in:\n{errors}");
         assert_eq!(
             errors.matches("store.").count(),
@@ -246,13 +249,10 @@ fn check_refuses_an_admin_listener_on_the_proxy_port() {
         .server("listen = \"0.0.0.0:18181\"")
         .server("admin_listen = \"127.0.0.1:18181\"")
         .toml("http://127.0.0.1:9");
-    let same = TempFile::new("same.toml", &toml);
-    let out = run(&["check", "--config", same.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(1));
+    let errors = check_refuses(&toml);
     assert!(
-        text(&out.stderr).contains("server.admin_listen: 127.0.0.1:18181 overlaps server.listen (0.0.0.0:18181)"),
-        "{}",
-        text(&out.stderr)
+        errors.contains("server.admin_listen: 127.0.0.1:18181 overlaps server.listen (0.0.0.0:18181)"),
+        "{errors}"
     );
 }
 

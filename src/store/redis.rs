@@ -96,8 +96,14 @@ pub struct RedisStore {
 /// wake a waiter by, so each polls ([`Store::wait`]), the first time after 5 ms; a
 /// duplicate that arrived while its first delivery was forwarded by the same gateway
 /// (the usual case with one replica) no longer waits out that poll. A holder on another
-/// replica wakes nobody here: the poll still covers it, as it covers a wake-up missed
-/// because the holder finished just before the waiter registered.
+/// replica wakes nobody here: the poll still covers it.
+///
+/// A holder that finishes after the store answered a waiter but before the waiter
+/// registered wakes nobody either. Under load that is common: both replies often come
+/// in one read, and the holder's task may run first. So every holder also leaves its
+/// mark in a ring of the last [`FINISHED`] finishers, and a waiter that finds its
+/// holder's mark there once registered looks again at once instead of waiting out the
+/// first poll's 5 ms (which set the p99 of `bench/run`'s Redis half-duplicate rows).
 #[derive(Default)]
 struct LocalWaits {
     /// How many waits are registered: a holder finishing with none (nearly always)
@@ -106,6 +112,20 @@ struct LocalWaits {
     /// By holder token. Weak: the waiters hold the `Notify`, and the last one to leave
     /// removes the entry.
     by_holder: std::sync::Mutex<HashMap<Token, Weak<Notify>>>,
+    /// The last finishers' [`finish_mark`]s, written round the ring at `next_finished`.
+    finished: [AtomicU64; FINISHED],
+    next_finished: AtomicUsize,
+}
+
+/// How many finishers [`LocalWaits`] remembers: far more than finish between a reply
+/// and its task's next step, and a waiter that misses its holder still has the poll.
+const FINISHED: usize = 32;
+
+/// A token as one word for [`LocalWaits::finished`]. Two tokens of this process never
+/// share one (the counters differ); a token of another replica that matched would only
+/// make a waiter look again early.
+fn finish_mark(token: Token) -> u64 {
+    token.process ^ token.counter.rotate_left(32)
 }
 
 impl LocalWaits {
@@ -127,9 +147,16 @@ impl LocalWaits {
             // Registered before the lock is released: a wake from now on reaches it.
             notify.notified_owned()
         };
-        tokio::select! {
-            () = woken => {}
-            () = tokio::time::sleep(limit) => {}
+        // SeqCst throughout: either the holder's `count` load sees this wait, and it
+        // wakes the registration above, or its mark was stored before that load and
+        // is seen here.
+        let mark = finish_mark(holder);
+        let finished = self.finished.iter().any(|m| m.load(Ordering::SeqCst) == mark);
+        if !finished {
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep(limit) => {}
+            }
         }
         {
             let mut waits = self.lock();
@@ -143,6 +170,8 @@ impl LocalWaits {
     /// `holder` finished (its marker completed, released, or its call failed): whoever
     /// waits on it looks again.
     fn wake(&self, holder: Token) {
+        let slot = self.next_finished.fetch_add(1, Ordering::Relaxed) % FINISHED;
+        self.finished[slot].store(finish_mark(holder), Ordering::SeqCst);
         if self.count.load(Ordering::SeqCst) == 0 {
             return;
         }
@@ -1472,6 +1501,39 @@ mod tests {
         write_completed_value(&mut value, c);
         assert!(value.len() <= completed_value_len(c), "room for the value");
         String::from_utf8(value).expect("utf-8")
+    }
+
+    /// A holder that finished before its waiter registered (its reply ran first):
+    /// the waiter looks again at once rather than waiting out the poll. The clock is
+    /// paused, so a wait that sleeps moves it by the whole limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_whose_holder_already_finished_does_not_wait_out_the_poll() {
+        let waits = LocalWaits::default();
+        let (done, running) = (Token::generate(), Token::generate());
+        waits.wake(done);
+        let limit = Duration::from_secs(5);
+
+        let start = tokio::time::Instant::now();
+        waits.wait(done, limit).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "finished holder: no wait");
+
+        waits.wait(running, limit).await;
+        assert_eq!(start.elapsed(), limit, "holder still running: waits the poll");
+    }
+
+    /// The ring holds the last [`FINISHED`] finishers; one pushed out of it is left to
+    /// the poll, as before the ring.
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_pushed_out_of_the_ring_is_left_to_the_poll() {
+        let waits = LocalWaits::default();
+        let first = Token::generate();
+        waits.wake(first);
+        for _ in 0..FINISHED {
+            waits.wake(Token::generate());
+        }
+        let start = tokio::time::Instant::now();
+        waits.wait(first, Duration::from_millis(5)).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(5));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use dedup_gateway::admin::client::{KeyAction, admin_url, key_request};
 use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
-use dedup_gateway::dedup::key::{Input, stored_key};
+use dedup_gateway::dedup::key::{Input, Refused, stored_key};
 use dedup_gateway::reload::Reloader;
 use dedup_gateway::senders::{self, Failure, Verdict};
 use dedup_gateway::shutdown::Stop;
@@ -426,12 +426,16 @@ fn key(
         eprintln!("  {miss}");
     }
     match found {
-        Some((source, value)) => {
+        Ok(Some((source, value))) => {
             eprintln!("from {source}");
             println!("{}", stored_key(&config.store.key_prefix, &route.name, &value));
             Ok(ExitCode::SUCCESS)
         }
-        None => {
+        Err(Refused) => {
+            eprintln!("refused: the body must not be parsed (the gateway answers 400)");
+            Ok(ExitCode::FAILURE)
+        }
+        Ok(None) => {
             eprintln!(
                 "no key: no source yielded a value (on_missing_key = {})",
                 name_of(route.policy.on_missing_key)

@@ -383,6 +383,33 @@ fn key_explains_why_there_is_no_key() {
     assert!(stderr.contains("no key"), "{stderr}");
 }
 
+/// A body `serve` refuses with 400 (XML with a DOCTYPE) is said to be refused, not
+/// handed to `on_missing_key` as a body without a key.
+#[test]
+fn key_says_a_refused_body_gets_400() {
+    let cfg = TempFile::new(
+        "x.toml",
+        "[[routes]]\nname = \"mp\"\npath = \"/mp\"\nupstream = \"http://127.0.0.1:9\"\nkey = [\"xml:MsgId\", \"header:x-id\"]\n",
+    );
+    let bomb = "<!DOCTYPE x [<!ENTITY a \"b\">]><xml><MsgId>&a;</MsgId></xml>";
+    let args = [
+        "key",
+        "--config",
+        cfg.0.to_str().expect("path"),
+        "--route",
+        "mp",
+        "--header",
+        "x-id: h1",
+    ];
+    let out = run(&args, bomb);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("DOCTYPE or entity declaration"), "{stderr}");
+    assert!(stderr.contains("the gateway answers 400"), "{stderr}");
+    assert!(!stderr.contains("on_missing_key"), "{stderr}");
+    assert_eq!(text(&out.stdout), "", "no key printed");
+}
+
 #[test]
 fn key_reads_headers_query_and_files() {
     let cfg = TempFile::new(

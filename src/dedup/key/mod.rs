@@ -274,25 +274,28 @@ impl KeySpec {
         Ok(None)
     }
 
-    /// Like [`KeySpec::derive`], but says why each source before the winner yielded
-    /// nothing (a refused body shows as such a reason, then no key).
-    pub fn explain<'a>(&self, input: Input<'a>) -> (Option<(&str, Cow<'a, str>)>, Vec<String>) {
+    /// Like [`KeySpec::derive`], naming the source that won, and saying why each one
+    /// before it yielded nothing (a refused body's reason ends the list).
+    pub fn explain<'a>(&self, input: Input<'a>) -> (Result<Option<Winner<'_, 'a>>, Refused>, Vec<String>) {
         let mut doc = self.doc(input);
         let mut misses = Vec::new();
         for alt in &self.alternatives {
             match alt.derive(&mut doc) {
-                Ok(value) => return (Some((alt.text(), value)), misses),
+                Ok(value) => return (Ok(Some((alt.text(), value))), misses),
                 Err((_, miss)) if miss.refuses() => {
                     misses.push(format!("{}: {miss}", alt.text));
-                    return (None, misses);
+                    return (Err(Refused), misses);
                 }
                 Err((i, miss)) if alt.parts.len() > 1 => misses.push(format!("{}: part {} {miss}", alt.text, i + 1)),
                 Err((_, miss)) => misses.push(format!("{}: {miss}", alt.text)),
             }
         }
-        (None, misses)
+        (Ok(None), misses)
     }
 }
+
+/// The source that yielded a message id (as written in the config), and the id.
+pub type Winner<'s, 'a> = (&'s str, Cow<'a, str>);
 
 /// The longest message id stored as written; longer ones are hashed.
 const MAX_PLAIN_LEN: usize = 128;
@@ -387,7 +390,7 @@ mod tests {
         assert_eq!(key.derive(input).expect("not refused").as_deref(), Some("d"));
         let (found, misses) = key.explain(input);
         assert_eq!(
-            found.map(|(s, v)| (s, v.into_owned())),
+            found.expect("not refused").map(|(s, v)| (s, v.into_owned())),
             Some(("json:/data/msgId", "d".to_owned()))
         );
         assert_eq!(misses, vec!["json:/msgId: not present"]);
@@ -471,13 +474,18 @@ mod tests {
         let input = Input { head: &h, body: event };
         assert_eq!(key.derive(input).expect("ok").as_deref(), Some("o_abc+1700000000"));
         let (found, misses) = key.explain(input);
-        assert_eq!(found.map(|(s, _)| s), Some("xml:FromUserName+xml:CreateTime"));
+        assert_eq!(
+            found.expect("not refused").map(|(s, _)| s),
+            Some("xml:FromUserName+xml:CreateTime")
+        );
         assert_eq!(misses, vec!["xml:MsgId: not present"]);
         let bomb = b"<!DOCTYPE x [<!ENTITY a \"b\">]><xml><MsgId>&a;</MsgId></xml>";
         let input = Input { head: &h, body: bomb };
         assert_eq!(key.derive(input), Err(Refused), "refused, not the header fallback");
+        let (found, misses) = key.explain(input);
+        assert_eq!(found, Err(Refused));
         assert_eq!(
-            key.explain(input).1,
+            misses,
             vec!["xml:MsgId: body has a DOCTYPE or entity declaration (refused)"]
         );
         let broken = Input {

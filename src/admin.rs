@@ -22,20 +22,22 @@ use tokio::net::TcpListener;
 use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::reload::Reloader;
+use crate::server::AcceptFailures;
 use crate::store::Store;
 
 /// Serves the admin endpoints until the process exits (so `/readyz` can report the drain).
 pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
     tokio::spawn(async move {
+        let mut failures = AcceptFailures::new("admin", &listener);
         loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(conn) => conn,
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
                 Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    failures.failed(&e).await;
                     continue;
                 }
             };
+            failures.accepted();
             let gw = Arc::clone(&gw);
             tokio::spawn(async move {
                 let service = service_fn(move |req| {

@@ -160,6 +160,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");
     }
+    raise_open_file_limit();
     for route in &config.routes {
         if let Some(sender) = &route.sender {
             for warning in senders::warnings(sender, route.policy.completed_ttl) {
@@ -191,6 +192,19 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         dedup_gateway::run(gw, config.server.clone(), listeners, stop.signalled()).await;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Every connection holds a descriptor on each side (sender, upstream), and the soft
+/// limit is often 1,024 (systemd, Docker) where the hard one allows far more: out of
+/// descriptors, accepts fail, the admin port's probes included. So, as Go's runtime
+/// does, the soft limit is raised to the hard one.
+fn raise_open_file_limit() {
+    let before = rlimit::Resource::NOFILE.get().map_or(0, |(soft, _)| soft);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(now) if now > before => tracing::info!(from = before, to = now, "open-file limit raised to the hard limit"),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, soft = before, "cannot raise the open-file limit"),
+    }
 }
 
 /// `println!` into a `String` (which cannot fail), printed whole by [`print_all`].

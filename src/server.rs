@@ -241,16 +241,57 @@ fn worker(
 
 /// Accepts connections forever.
 async fn accept_loop(gw: &Arc<Gateway>, protocols: &Arc<Protocols>, connections: &TaskTracker, listener: &TcpListener) {
+    let mut failures = AcceptFailures::new("proxy", listener);
     loop {
         match listener.accept().await {
             Ok((stream, addr)) => {
+                failures.accepted();
                 connections.spawn(conn::serve(Arc::clone(gw), Arc::clone(protocols), stream, addr));
             }
-            Err(e) => {
-                // Typically EMFILE: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            Err(e) => failures.failed(&e).await,
+        }
+    }
+}
+
+/// A listener's failed accepts. Typically EMFILE (out of file descriptors), which lasts
+/// until connections close: each retry waits [`ACCEPT_RETRY`] rather than spinning, and
+/// the episode is logged twice (when it starts, and when accepts work again, with how
+/// many failed), not on every retry.
+pub(crate) struct AcceptFailures {
+    listener: &'static str,
+    addr: String,
+    count: u64,
+}
+
+/// How long a listener waits after a failed accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+impl AcceptFailures {
+    pub(crate) fn new(listener: &'static str, socket: &TcpListener) -> Self {
+        AcceptFailures {
+            listener,
+            addr: socket
+                .local_addr()
+                .map_or_else(|_| "unknown".to_owned(), |a| a.to_string()),
+            count: 0,
+        }
+    }
+
+    pub(crate) async fn failed(&mut self, error: &std::io::Error) {
+        if self.count == 0 {
+            let (listener, addr) = (self.listener, &self.addr);
+            tracing::warn!(listener, %addr, %error, retry = ?ACCEPT_RETRY,
+                "accept failed; retrying until it works (logged again then)");
+        }
+        self.count += 1;
+        tokio::time::sleep(ACCEPT_RETRY).await;
+    }
+
+    pub(crate) fn accepted(&mut self) {
+        if self.count > 0 {
+            let (listener, addr, failed) = (self.listener, &self.addr, self.count);
+            tracing::info!(listener, %addr, failed, "accepting again");
+            self.count = 0;
         }
     }
 }

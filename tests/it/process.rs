@@ -462,8 +462,21 @@ impl GatewayProcess {
 
     /// Starts with extra arguments (e.g. `--log-level debug`) and environment variables.
     pub async fn start_with(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch(Command::new(BIN), toml, args, env).await
+    }
+
+    /// Starts with the open-file limits `soft` and `hard` (set by `sh`, which then
+    /// `exec`s the gateway: same process).
+    pub async fn start_with_file_limits(toml: &str, soft: u64, hard: u64) -> Self {
+        let mut command = Command::new("sh");
+        let script = format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\"");
+        command.args(["-c", &script, BIN]);
+        Self::launch(command, toml, &[], &[]).await
+    }
+
+    async fn launch(mut command: Command, toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let config = TempFile::new("gateway.toml", toml);
-        let mut child = Command::new(BIN)
+        let mut child = command
             .args(["--log-format", "json"])
             .args(args)
             .arg("--config")
@@ -514,6 +527,31 @@ impl GatewayProcess {
         kib * 1024
     }
 
+    /// The process's open file descriptors.
+    pub fn open_files(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .expect("/proc fd")
+            .count()
+    }
+
+    /// The log lines (JSON) whose message is `message`.
+    pub fn logged(&self, message: &str) -> Vec<serde_json::Value> {
+        self.logged_where(|m| m == message)
+    }
+
+    /// The log lines (JSON) whose message starts with `prefix`.
+    pub fn logged_starting(&self, prefix: &str) -> Vec<serde_json::Value> {
+        self.logged_where(|m| m.starts_with(prefix))
+    }
+
+    fn logged_where(&self, matches: impl Fn(&str) -> bool) -> Vec<serde_json::Value> {
+        let logs = self.logs.lock().expect("logs");
+        logs.iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"].as_str().is_some_and(&matches))
+            .collect()
+    }
+
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .args([&format!("-{name}"), &self.child.id().to_string()])
@@ -542,6 +580,59 @@ impl Drop for GatewayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The soft open-file limit is often 1,024 where the hard one allows far more; `serve`
+/// takes the hard one, as Go's runtime does.
+#[tokio::test]
+async fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    let upstream = Upstream::ok().await;
+    let gw = GatewayProcess::start_with_file_limits(&Cfg::new().toml(&upstream.url()), 64, 2048).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", gw.child.id())).expect("/proc limits");
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("the line");
+    let numbers: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers, ["2048", "2048"], "{open_files}");
+    let raised = gw.logged("open-file limit raised to the hard limit");
+    assert_eq!(raised.len(), 1, "{}", logs_text(&gw.logs));
+    assert_eq!(
+        (raised[0]["from"].as_u64(), raised[0]["to"].as_u64()),
+        (Some(64), Some(2048))
+    );
+}
+
+/// Out of descriptors, a listener's accepts fail until connections close: that is
+/// logged when it starts and when accepts work again, not on each retry (20 a second).
+#[tokio::test]
+async fn running_out_of_descriptors_is_logged_once_and_so_is_the_recovery() {
+    const LIMIT: u64 = 64;
+    let upstream = Upstream::ok().await;
+    let toml = Cfg::new().server("workers = 1").toml(&upstream.url());
+    let gw = GatewayProcess::start_with_file_limits(&toml, LIMIT, LIMIT).await;
+    let spare = LIMIT as usize - gw.open_files();
+    // Each connection the gateway accepts takes one of its descriptors; these are more.
+    let held: Vec<std::net::TcpStream> = (0..spare + 8)
+        .map(|_| std::net::TcpStream::connect(gw.addr).expect("connect"))
+        .collect();
+    let accept_failed = || gw.logged_starting("accept failed");
+    crate::support::eventually("an accept to fail", || !accept_failed().is_empty()).await;
+    // Not a wait for something: the episode's length, over which accepts are retried
+    // every 50 ms. A line per retry would show below.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let upstream_before = upstream.count();
+    drop(held);
+    let client = Client::http1(gw.addr);
+    assert_eq!(client.post("/hook", &msg("after")).await.dedup(), "forwarded");
+    assert_eq!(upstream.count(), upstream_before + 1);
+    let failed = accept_failed();
+    assert_eq!(failed.len(), 1, "one line for the episode:\n{}", logs_text(&gw.logs));
+    assert_eq!(failed[0]["addr"], gw.addr.to_string());
+    let again = gw.logged_starting("accepting again");
+    assert_eq!(again.len(), 1, "{}", logs_text(&gw.logs));
+    assert_eq!(again[0]["listener"], "proxy");
+    assert!(again[0]["failed"].as_u64().is_some_and(|n| n >= 2), "{}", again[0]);
 }
 
 fn logs_text(logs: &Mutex<Vec<String>>) -> String {

@@ -95,8 +95,20 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
         drive(conn, &protocols.draining, watchdog, activity.as_deref()).await
     };
     if let Err(e) = result {
-        tracing::debug!(client = %addr, error = %e, "connection ended with an error");
+        match answer_body_error(&e) {
+            // The one error here that is not the sender's doing: a flaky upstream. The
+            // sender sees its connection closed mid-answer and retries.
+            Some(error) => tracing::warn!(client = %addr, %error,
+                "the answer's body broke off after its head was sent (the upstream's?): connection closed"),
+            None => tracing::debug!(client = %addr, error = %e, "connection ended with an error"),
+        }
     }
+}
+
+/// The error of an answer's body (an upstream's response cut off mid-body) that ended
+/// the connection `error` reports, if that is what ended it.
+fn answer_body_error(error: &hyper::Error) -> Option<&crate::body::BodyError> {
+    std::error::Error::source(error)?.downcast_ref()
 }
 
 /// Handles each request of a connection, counted in `activity` where the connection has

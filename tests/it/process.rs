@@ -635,6 +635,39 @@ async fn running_out_of_descriptors_is_logged_once_and_so_is_the_recovery() {
     assert!(again[0]["failed"].as_u64().is_some_and(|n| n >= 2), "{}", again[0]);
 }
 
+/// An upstream that answers 200 and closes mid-body leaves the sender a cut-off answer
+/// (its head, or nothing): said at warn, so a flaky bot shows in the logs.
+#[tokio::test]
+async fn an_answer_cut_off_by_the_upstream_is_logged() {
+    use std::io::{Read, Write};
+    let (listener, authority) = crate::support::raw_listener();
+    std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        crate::support::read_raw_request(&mut stream).expect("a request");
+        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n0123456789");
+    });
+    let gw = GatewayProcess::start(&Cfg::new().toml(&format!("http://{authority}"))).await;
+    let body = msg("cut");
+    let mut sender = std::net::TcpStream::connect(gw.addr).expect("connect");
+    let request = format!(
+        "POST /hook HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sender.write_all(request.as_bytes()).expect("send");
+    let mut answer = Vec::new();
+    let _ = sender.read_to_end(&mut answer); // closed by the gateway, cut off
+    assert!(
+        answer.len() < 1000,
+        "a whole answer: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    let cut = "the answer's body broke off after its head was sent (the upstream's?): connection closed";
+    crate::support::eventually("the warning", || !gw.logged(cut).is_empty()).await;
+    let line = &gw.logged(cut)[0];
+    assert_eq!(line["level"], "WARN");
+    assert!(line["error"].as_str().is_some_and(|e| !e.is_empty()), "{line}");
+}
+
 fn logs_text(logs: &Mutex<Vec<String>>) -> String {
     logs.lock().expect("logs").join("\n")
 }

@@ -154,6 +154,11 @@ impl Config {
         let sections = root.sections("routes", &mut problems);
         root.finish(&mut problems);
         let routes = route::build_routes(sections, &defaults, store.as_ref(), &mut problems);
+        if routes.is_empty() && problems.is_empty() {
+            // Loads (the admin port alone is a valid thing to run), but a file cut short
+            // or mounted empty is the likelier cause.
+            problems.warn("routes", "none: every request gets 404");
+        }
         let warnings = problems.take_warnings();
         match (server, store) {
             (Some(server), Some(store)) if problems.is_empty() => Ok(Config {

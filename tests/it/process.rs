@@ -191,6 +191,26 @@ fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_ref
     );
 }
 
+/// A config without routes loads (the admin port alone is valid) but is most likely a
+/// file cut short or mounted empty, where every request would get 404: `check` says so.
+#[test]
+fn a_config_without_routes_is_warned_about() {
+    let empty = TempFile::new("empty.toml", "");
+    let out = run(&["check", "--config", empty.0.to_str().expect("path")], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("warning: routes: none: every request gets 404"),
+        "{}",
+        text(&out.stdout)
+    );
+    let shipped = run(&["check", "--config", "gateway.toml"], "");
+    assert!(
+        !text(&shipped.stdout).contains("warning: routes"),
+        "{}",
+        text(&shipped.stdout)
+    );
+}
+
 /// A Redis address given wrongly gets one error, at the key to fix: not a second one
 /// saying that no address was given.
 #[test]

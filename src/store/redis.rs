@@ -133,8 +133,11 @@ impl LocalWaits {
         self.by_holder.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Waits until `holder` finishes here, or `limit` passes.
-    async fn wait(&self, holder: Token, limit: Duration) {
+    /// Waits until `holder` finishes here, or `limit` passes. On a waiter's `first`
+    /// wait, a holder that has already finished ends it at once; on later ones it
+    /// does not, as the holder then still held the marker when looked at again (its
+    /// complete failed, say), and looking again at once would spin on the store.
+    async fn wait(&self, holder: Token, limit: Duration, first: bool) {
         self.count.fetch_add(1, Ordering::SeqCst);
         let woken = {
             let mut waits = self.lock();
@@ -151,7 +154,7 @@ impl LocalWaits {
         // wakes the registration above, or its mark was stored before that load and
         // is seen here.
         let mark = finish_mark(holder);
-        let finished = self.finished.iter().any(|m| m.load(Ordering::SeqCst) == mark);
+        let finished = first && self.finished.iter().any(|m| m.load(Ordering::SeqCst) == mark);
         if !finished {
             tokio::select! {
                 () = woken => {}
@@ -1392,7 +1395,7 @@ impl Store for RedisStore {
     /// to 200 ms so a long wait costs a few round trips a second.
     async fn wait(&self, _key: &str, holder: Token, attempt: u32, max: Duration) {
         let backoff = Duration::from_millis(5u64 << attempt.min(6)).min(Duration::from_millis(200));
-        self.local_waits.wait(holder, backoff.min(max)).await;
+        self.local_waits.wait(holder, backoff.min(max), attempt == 0).await;
     }
 
     /// A write, not a PING: a replica answers PING but refuses writes, and readiness
@@ -1514,11 +1517,24 @@ mod tests {
         let limit = Duration::from_secs(5);
 
         let start = tokio::time::Instant::now();
-        waits.wait(done, limit).await;
+        waits.wait(done, limit, true).await;
         assert_eq!(start.elapsed(), Duration::ZERO, "finished holder: no wait");
 
-        waits.wait(running, limit).await;
+        waits.wait(running, limit, true).await;
         assert_eq!(start.elapsed(), limit, "holder still running: waits the poll");
+    }
+
+    /// A holder whose marker was still there when its waiter looked again (its
+    /// complete failed) is waited for with the poll: the waiter does not spin on the
+    /// store until `in_flight_wait` runs out.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_holder_seen_again_is_waited_for_with_the_poll() {
+        let waits = LocalWaits::default();
+        let failed = Token::generate();
+        waits.wake(failed);
+        let start = tokio::time::Instant::now();
+        waits.wait(failed, Duration::from_millis(10), false).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(10));
     }
 
     /// The ring holds the last [`FINISHED`] finishers; one pushed out of it is left to
@@ -1532,7 +1548,7 @@ mod tests {
             waits.wake(Token::generate());
         }
         let start = tokio::time::Instant::now();
-        waits.wait(first, Duration::from_millis(5)).await;
+        waits.wait(first, Duration::from_millis(5), true).await;
         assert_eq!(start.elapsed(), Duration::from_millis(5));
     }
 

@@ -117,6 +117,25 @@ struct LocalWaits {
     next_finished: AtomicUsize,
 }
 
+/// A wait registered in [`LocalWaits`]; dropped, it removes the holder's entry if no
+/// other wait holds it, and counts itself out.
+struct Registered<'a> {
+    waits: &'a LocalWaits,
+    holder: Token,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        {
+            let mut waits = self.waits.lock();
+            if waits.get(&self.holder).is_some_and(|w| w.strong_count() == 0) {
+                waits.remove(&self.holder);
+            }
+        }
+        self.waits.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// How many finishers [`LocalWaits`] remembers: far more than finish between a reply
 /// and its task's next step, and a waiter that misses its holder still has the poll.
 const FINISHED: usize = 32;
@@ -134,11 +153,14 @@ impl LocalWaits {
     }
 
     /// Waits until `holder` finishes here, or `limit` passes. On a waiter's `first`
-    /// wait, a holder that has already finished ends it at once; on later ones it
-    /// does not, as the holder then still held the marker when looked at again (its
-    /// complete failed, say), and looking again at once would spin on the store.
+    /// wait, a holder that has already finished ends it at once. On later ones it
+    /// does not: a marker seen again after its holder finished (its complete failed,
+    /// say) would otherwise have the waiter ask the store again and again at once.
     async fn wait(&self, holder: Token, limit: Duration, first: bool) {
         self.count.fetch_add(1, Ordering::SeqCst);
+        // Declared before `woken`, so dropped after it (the entry's last strong
+        // reference), also when the wait is dropped midway (the shutdown's abandon).
+        let _registered = Registered { waits: self, holder };
         let woken = {
             let mut waits = self.lock();
             let entry = waits.entry(holder).or_default();
@@ -150,9 +172,10 @@ impl LocalWaits {
             // Registered before the lock is released: a wake from now on reaches it.
             notify.notified_owned()
         };
-        // SeqCst throughout: either the holder's `count` load sees this wait, and it
-        // wakes the registration above, or its mark was stored before that load and
-        // is seen here.
+        // SeqCst throughout. If the holder's `count` load sees this wait, it takes
+        // the lock: after the registration above, and it wakes it; or before, and
+        // then its mark, stored before, is seen here. If not, the mark is seen here
+        // too. (Unless 32 later finishers wrote over it: the poll covers that.)
         let mark = finish_mark(holder);
         let finished = first && self.finished.iter().any(|m| m.load(Ordering::SeqCst) == mark);
         if !finished {
@@ -161,13 +184,6 @@ impl LocalWaits {
                 () = tokio::time::sleep(limit) => {}
             }
         }
-        {
-            let mut waits = self.lock();
-            if waits.get(&holder).is_some_and(|w| w.strong_count() == 0) {
-                waits.remove(&holder);
-            }
-        }
-        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// `holder` finished (its marker completed, released, or its call failed): whoever
@@ -1522,6 +1538,23 @@ mod tests {
 
         waits.wait(running, limit, true).await;
         assert_eq!(start.elapsed(), limit, "holder still running: waits the poll");
+        assert!(waits.lock().is_empty(), "every entry removed");
+        assert_eq!(waits.count.load(Ordering::SeqCst), 0);
+    }
+
+    /// A wait dropped midway (the shutdown's abandon wins the select around it)
+    /// removes its entry and counts itself out too.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_dropped_midway_leaves_nothing_registered() {
+        let waits = LocalWaits::default();
+        let running = Token::generate();
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(1),
+            waits.wait(running, Duration::from_secs(5), true),
+        );
+        assert!(dropped.await.is_err(), "the wait was cut short");
+        assert!(waits.lock().is_empty());
+        assert_eq!(waits.count.load(Ordering::SeqCst), 0);
     }
 
     /// A holder whose marker was still there when its waiter looked again (its

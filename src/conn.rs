@@ -99,7 +99,7 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
             // The one error here that is not the sender's doing: a flaky upstream. The
             // sender sees its connection closed mid-answer and retries.
             Some(error) => tracing::warn!(client = %addr, %error,
-                "the answer's body broke off after its head was sent (the upstream's?): connection closed"),
+                "the answer broke off mid-body (the upstream's?): connection closed"),
             None => tracing::debug!(client = %addr, error = %e, "connection ended with an error"),
         }
     }

@@ -199,9 +199,11 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
 /// descriptors, accepts fail, the admin port's probes included. So, as Go's runtime
 /// does, the soft limit is raised to the hard one.
 fn raise_open_file_limit() {
-    let before = rlimit::Resource::NOFILE.get().map_or(0, |(soft, _)| soft);
+    let before = rlimit::Resource::NOFILE.get().ok().map(|(soft, _)| soft);
     match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(now) if now > before => tracing::info!(from = before, to = now, "open-file limit raised to the hard limit"),
+        Ok(now) if before.is_some_and(|before| now > before) => {
+            tracing::info!(from = before, to = now, "open-file limit raised to the hard limit");
+        }
         Ok(_) => {}
         Err(error) => tracing::warn!(%error, soft = before, "cannot raise the open-file limit"),
     }

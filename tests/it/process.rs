@@ -606,21 +606,32 @@ impl Drop for GatewayProcess {
 /// takes the hard one, as Go's runtime does.
 #[tokio::test]
 async fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    // A hard limit may only be lowered without privileges: this process's, at most 2048.
+    let hard = open_file_limits(std::process::id())
+        .1
+        .parse::<u64>()
+        .map_or(2048, |h| h.min(2048));
     let upstream = Upstream::ok().await;
-    let gw = GatewayProcess::start_with_file_limits(&Cfg::new().toml(&upstream.url()), 64, 2048).await;
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", gw.child.id())).expect("/proc limits");
-    let open_files = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .expect("the line");
-    let numbers: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
-    assert_eq!(numbers, ["2048", "2048"], "{open_files}");
+    let gw = GatewayProcess::start_with_file_limits(&Cfg::new().toml(&upstream.url()), 64, hard).await;
+    assert_eq!(open_file_limits(gw.child.id()), (hard.to_string(), hard.to_string()));
     let raised = gw.logged("open-file limit raised to the hard limit");
     assert_eq!(raised.len(), 1, "{}", logs_text(&gw.logs));
     assert_eq!(
         (raised[0]["from"].as_u64(), raised[0]["to"].as_u64()),
-        (Some(64), Some(2048))
+        (Some(64), Some(hard))
     );
+}
+
+/// A process's open-file limits (soft, hard) as /proc shows them.
+fn open_file_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("/proc limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("the line");
+    let mut numbers = line.split_whitespace().skip(3);
+    let mut next = || numbers.next().expect("a number").to_owned();
+    (next(), next())
 }
 
 /// Out of descriptors, a listener's accepts fail until connections close: that is
@@ -641,16 +652,18 @@ async fn running_out_of_descriptors_is_logged_once_and_so_is_the_recovery() {
     // Not a wait for something: the episode's length, over which accepts are retried
     // every 50 ms. A line per retry would show below.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let failed = accept_failed();
+    assert_eq!(failed.len(), 1, "one line for the episode:\n{}", logs_text(&gw.logs));
+    assert_eq!(failed[0]["addr"], gw.addr.to_string());
     let upstream_before = upstream.count();
+    // Freed as the gateway reads each EOF: accepting the backlog may run out once
+    // more on the way, a second episode, so only the first recovery is looked at.
     drop(held);
     let client = Client::http1(gw.addr);
     assert_eq!(client.post("/hook", &msg("after")).await.dedup(), "forwarded");
     assert_eq!(upstream.count(), upstream_before + 1);
-    let failed = accept_failed();
-    assert_eq!(failed.len(), 1, "one line for the episode:\n{}", logs_text(&gw.logs));
-    assert_eq!(failed[0]["addr"], gw.addr.to_string());
     let again = gw.logged_starting("accepting again");
-    assert_eq!(again.len(), 1, "{}", logs_text(&gw.logs));
+    assert!(!again.is_empty(), "{}", logs_text(&gw.logs));
     assert_eq!(again[0]["listener"], "proxy");
     assert!(again[0]["failed"].as_u64().is_some_and(|n| n >= 2), "{}", again[0]);
 }
@@ -681,7 +694,7 @@ async fn an_answer_cut_off_by_the_upstream_is_logged() {
         "a whole answer: {}",
         String::from_utf8_lossy(&answer)
     );
-    let cut = "the answer's body broke off after its head was sent (the upstream's?): connection closed";
+    let cut = "the answer broke off mid-body (the upstream's?): connection closed";
     crate::support::eventually("the warning", || !gw.logged(cut).is_empty()).await;
     let line = &gw.logged(cut)[0];
     assert_eq!(line["level"], "WARN");

@@ -27,13 +27,13 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::body::Body;
 use crate::framing::FramingGuard;
 use crate::gateway::Gateway;
 use crate::handler;
 use crate::proxy::Peer;
-use crate::waiters::Signal;
 
 /// How connections are served, shared by every connection task.
 pub struct Protocols {
@@ -43,10 +43,10 @@ pub struct Protocols {
     pub idle_timeout: Duration,
     /// Raised when the listener closes: connections that have not said a word yet
     /// are dropped rather than served (or waited for) during the drain.
-    pub closing: Signal,
+    pub closing: CancellationToken,
     /// Raised when the drain starts: every connection finishes what it is doing and
     /// closes (HTTP/1: after the current response; h2c: GOAWAY).
-    pub draining: Signal,
+    pub draining: CancellationToken,
 }
 
 /// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
@@ -54,7 +54,7 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
     let _ = stream.set_nodelay(true);
     let sniffed = tokio::select! {
         biased;
-        () = protocols.closing.raised() => return,
+        () = protocols.closing.cancelled() => return,
         sniffed = sniff(&mut stream, protocols.idle_timeout, protocols.header_timeout) => sniffed,
     };
     let Some(Sniffed {
@@ -140,7 +140,7 @@ const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// connection; HTTP/1 ones with a watchdog), a goodbye that stalls is cut short.
 async fn drive<C>(
     conn: C,
-    draining: &Signal,
+    draining: &CancellationToken,
     watchdog: impl Future<Output = Stop>,
     activity: Option<&Activity>,
 ) -> Result<(), C::Error>
@@ -149,7 +149,7 @@ where
 {
     tokio::pin!(conn);
     tokio::pin!(watchdog);
-    let mut drained = draining.raised();
+    let mut drained = std::pin::pin!(draining.cancelled());
     let mut closing = false;
     loop {
         tokio::select! {

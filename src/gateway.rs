@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
@@ -17,8 +18,6 @@ use crate::proxy::Upstream;
 use crate::reload::Reloader;
 use crate::routing::Routes;
 use crate::store::{AnyStore, Store, unix_ms};
-
-use crate::waiters::{Raised, Signal};
 
 pub struct Gateway {
     pub routes: ArcSwap<Routes>,
@@ -38,7 +37,7 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Raised when the shutdown grace ends ([`Gateway::abandon_owners`]): owners still
     /// running release and stop. Every owner waits on it ([`Gateway::abandoned`]).
-    abandon: Signal,
+    abandon: CancellationToken,
     /// Background releases of claims that may have landed (see `dedup::release_orphan`).
     pub orphan_releases: AtomicUsize,
     /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
@@ -73,7 +72,7 @@ impl Gateway {
             trusted_proxies: config.server.trusted_proxies.clone(),
             admin_token: config.server.admin_token.clone(),
             tasks: TaskTracker::new(),
-            abandon: Signal::default(),
+            abandon: CancellationToken::new(),
             orphan_releases: AtomicUsize::new(0),
             reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
@@ -89,13 +88,13 @@ impl Gateway {
     }
 
     /// Completes once the shutdown grace is over ([`Gateway::abandon_owners`]).
-    pub fn abandoned(&self) -> Raised<'_> {
-        self.abandon.raised()
+    pub fn abandoned(&self) -> WaitForCancellationFuture<'_> {
+        self.abandon.cancelled()
     }
 
     /// Ends the shutdown grace: every [`Gateway::abandoned`] completes.
     pub fn abandon_owners(&self) {
-        self.abandon.raise();
+        self.abandon.cancel();
     }
 
     pub fn start_draining(&self) {

@@ -22,7 +22,6 @@ use crate::proxy::Peer;
 use crate::routing::Route;
 use crate::senders::Verdict;
 use crate::store::unix_ms;
-use crate::timer;
 
 /// Serves one request on the proxy listener. `busy` is held until the request is
 /// answered (or dropped): the connection's watchdog counts it. Taken here rather than
@@ -99,12 +98,12 @@ async fn keyed(
 ) -> (Option<Arc<str>>, Result<Answer, GatewayError>) {
     let (head, body) = req.into_parts();
     // A body that came with its head is read at once, without a clock reading.
-    let read = timer::timeout(gw.body_timeout, body::read_limited(body, gw.max_body));
+    let read = tokio::time::timeout(gw.body_timeout, body::read_limited(body, gw.max_body));
     let body = match read.await {
-        Some(Ok(body)) => body,
-        Some(Err(ReadError::TooLarge { limit })) => return (None, Err(GatewayError::TooLarge { limit })),
-        Some(Err(ReadError::Broken(e))) => return (None, Err(GatewayError::BadBody(e))),
-        None => return (None, Err(GatewayError::SlowBody(gw.body_timeout))),
+        Ok(Ok(body)) => body,
+        Ok(Err(ReadError::TooLarge { limit })) => return (None, Err(GatewayError::TooLarge { limit })),
+        Ok(Err(ReadError::Broken(e))) => return (None, Err(GatewayError::BadBody(e))),
+        Err(_) => return (None, Err(GatewayError::SlowBody(gw.body_timeout))),
     };
     // In flight from here: what the drain waits for at the end of the shutdown grace
     // (a body still arriving then holds no claim; its connection is simply closed).

@@ -5,9 +5,7 @@
 //!
 //! - [`config`]: `gateway.toml` into validated types; every problem with its key path.
 //! - [`server`]: accept loop and the drain on shutdown; [`conn`]: one connection
-//!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds; [`timer`]: the per-worker
-//!   timer behind hyper's HTTP/1 header timeout; [`waiters`]: cheap waits on a worker
-//!   (the timer's, and [`waiters::Signal`]: the drain and the end of the grace).
+//!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds.
 //! - [`framing`]: follows HTTP/1 request framing as hyper does; 400 for requests framed
 //!   by both Content-Length and Transfer-Encoding (or that hyper would refuse).
 //! - [`handler`]: one request: route, read body, derive key, hand to the state machine.
@@ -46,8 +44,6 @@ pub mod senders;
 pub mod server;
 pub mod shutdown;
 pub mod store;
-pub mod timer;
-pub mod waiters;
 
 pub use config::Config;
 pub use gateway::Gateway;

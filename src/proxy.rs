@@ -13,7 +13,6 @@ use tokio::time::Instant;
 
 use crate::body::{Body, BodyError};
 use crate::pool::{self, SendError};
-use crate::timer;
 
 /// Where a route forwards to: scheme and authority; the path comes from the request.
 #[derive(Clone, Debug)]
@@ -91,11 +90,10 @@ impl Upstream {
         started: Instant,
         timeout: Duration,
     ) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + Send {
-        let deadline = (started + timeout).into_std();
-        timer::within(deadline, pool::send(authority, request)).map(move |sent| match sent {
-            Some(Ok(response)) => Ok(response),
-            Some(Err(e)) => Err(UpstreamError::Connect(e)),
-            None => Err(UpstreamError::Timeout(timeout)),
+        tokio::time::timeout_at(started + timeout, pool::send(authority, request)).map(move |sent| match sent {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(UpstreamError::Connect(e)),
+            Err(_) => Err(UpstreamError::Timeout(timeout)),
         })
     }
 }

@@ -19,8 +19,6 @@ use crate::config::ServerConfig;
 use crate::conn::{self, Protocols};
 use crate::gateway::Gateway;
 use crate::store::Store as _;
-use crate::timer::WorkerTimer;
-use crate::waiters::{self, Signal};
 
 /// The sockets the gateway serves on, bound before anything runs (tests bind port 0):
 /// one proxy socket per worker, all on the same port (`SO_REUSEPORT`: the kernel spreads
@@ -117,7 +115,7 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
     // malloc less and 2-3% fewer instructions per request). A sender that hangs up is
     // then noticed when its answer is written; the work itself never depended on it
     // (see `dedup::Detached`, which h2 stream resets still exercise).
-    h1.timer(WorkerTimer)
+    h1.timer(TokioTimer::new())
         .header_read_timeout(server.header_timeout)
         .half_close(true);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
@@ -127,8 +125,8 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         h2,
         header_timeout: server.header_timeout,
         idle_timeout: server.idle_timeout,
-        closing: Signal::default(),
-        draining: Signal::default(),
+        closing: CancellationToken::new(),
+        draining: CancellationToken::new(),
     });
     let connections = TaskTracker::new();
     // Workers accept until `accepting` is cancelled, then stay up (serving what they
@@ -175,8 +173,8 @@ pub async fn run(gw: Arc<Gateway>, server: ServerConfig, listeners: Listeners, s
         tokio::time::sleep(server.shutdown_delay).await;
     }
     accepting.cancel();
-    protocols.closing.raise();
-    protocols.draining.raise();
+    protocols.closing.cancel();
+    protocols.draining.cancel();
     connections.close();
     drain(&gw, &connections, server.shutdown_grace).await;
     exit.cancel();
@@ -226,7 +224,6 @@ fn worker(
                 return;
             }
         };
-        waiters::mark_worker();
         gw.store.prepare_thread().await;
         gw.workers_starting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         drop(started);

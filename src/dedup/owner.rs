@@ -13,7 +13,6 @@ use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
 use crate::proxy::UpstreamError;
 use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse};
-use crate::timer;
 
 /// Forwards a claimed request and completes or releases its marker. Runs inside the
 /// request's [`Task`], so nothing here is cancelled when the sender hangs up.
@@ -88,12 +87,12 @@ impl Owner<'_> {
             // Shutting down mid-body: the work is done, so complete rather than leave
             // PROCESSING for a later retry to deliver again.
             () = self.gw.abandoned() => return self.complete_then(Err(GatewayError::Abandoned)).await,
-            captured = timer::within(deadline.into_std(), capture(response)) => captured,
+            captured = tokio::time::timeout_at(deadline, capture(response)) => captured,
         };
         let (response, stored) = match captured {
-            Some(Ok(captured)) => captured,
-            Some(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
-            None => {
+            Ok(Ok(captured)) => captured,
+            Ok(Err(e)) => return self.complete_then(Err(forwarded(UpstreamError::Body(e)))).await,
+            Err(_) => {
                 let timeout = self.route.config.policy.upstream_timeout;
                 return self
                     .complete_then(Err(forwarded(UpstreamError::Timeout(timeout))))

@@ -44,7 +44,6 @@ use super::resp;
 use super::{Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, Store, StoreError, StoredResponse, Token};
 use crate::config::RedisTarget;
 use crate::config::secret::redact_url;
-use crate::timer;
 
 /// PROCESSING(token) -> COMPLETED, only while the marker holds the caller's token.
 /// ARGV[1] is the PROCESSING value's prefix up to and including the token.
@@ -758,12 +757,9 @@ impl RedisStore {
                 other => other,
             }
         };
-        // The worker's timer table, not a tokio timeout: registering a tokio timer that
-        // is due before the runtime's next wake-up also wakes the runtime's driver
-        // (an eventfd write, strace showed one before most calls under light load).
-        match timer::timeout(self.timeout, attempts).await {
-            Some(result) => result,
-            None => match sent {
+        match tokio::time::timeout(self.timeout, attempts).await {
+            Ok(result) => result,
+            Err(_) => match sent {
                 // Sent and unanswered: it may have landed. A connection that does not
                 // answer in time is suspect (a peer gone silent): the next calls connect
                 // afresh. (Replies are matched in order, so a late one answers nobody.)

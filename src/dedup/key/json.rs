@@ -10,7 +10,6 @@ use serde_json::value::RawValue;
 
 use super::Miss;
 
-mod scan;
 
 /// A parsed JSON pointer: the reference tokens with `~1` and `~0` decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,14 +32,9 @@ impl Pointer {
             .map(Pointer)
     }
 
-    /// The value the pointer designates in `body`, as key text. A one-pass scan
-    /// ([`scan`]) answers where it can; serde_json's walk where it cannot.
+    /// The value the pointer designates in `body`, as key text, found by serde_json's
+    /// deserializer walking the path (values off the path are skipped, not built).
     pub fn lookup<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, str>, Miss> {
-        scan::lookup(body, &self.0).unwrap_or_else(|| self.walk(body))
-    }
-
-    /// The value the pointer designates in `body`, by serde_json.
-    fn walk<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, str>, Miss> {
         let mut de = serde_json::Deserializer::from_slice(body);
         let found = Seek(&self.0).deserialize(&mut de).map_err(|_| Miss::NotJson)?;
         de.end().map_err(|_| Miss::NotJson)?;

@@ -27,27 +27,11 @@
 //!   limit).
 //!
 //! Wherever the guard cannot say how hyper frames what follows (a head hyper rejects,
-//! both framings, a head too large), it breaks the head so that hyper surely stops
-//! there, and then stops looking. The one exception is a head in the common form
-//! (below) that httparse refuses: it may reach hyper whole, and hyper, parsing it with
-//! the same httparse, refuses it and reads nothing more. A chunked body that hyper's
+//! both framings, a head too large, a head httparse refuses), it breaks the head so
+//! that hyper surely stops there, and then stops looking. A chunked body that hyper's
 //! decoder rejects ends the connection's reading in hyper, so the guard stops there
 //! too. `fuzz/` holds a differential target that serves the same byte streams to
 //! hyper alone and to hyper behind the guard and requires the same requests from both.
-//!
-//! # Cost
-//!
-//! Nearly every head is in a common form (`CommonHead`: a request line ending in
-//! ` HTTP/1.x`, every line ended by CR LF, none folded), and is read without httparse:
-//! the guard finds its line ends with `memchr` and looks closer only at lines that
-//! start with `c` or `t`, for its two framing fields. For a head of that form that
-//! httparse accepts, this gives what httparse gives (a property test checks it against
-//! httparse; the fuzz target checks the whole guard against hyper). Any other head takes
-//! the full parse. Callgrind (profile `dist`, wrk's heads of 4 fields, 35-byte bodies):
-//! the guard took 1,339 instructions per forwarded request with httparse and 754 this
-//! way; the gateway's whole request 43,036 and 42,456, a duplicate 18,819 and 18,112.
-//! (A word-at-a-time LF search of its own, per line or in one pass over the head,
-//! was slower than `memchr` here.)
 //!
 //! A head is parsed once, in place in the caller's buffer, when it arrives in one read.
 //! Only a head split across reads is held back (copied into a buffer the guard keeps,
@@ -334,13 +318,6 @@ impl Framer {
         {
             return self.incomplete(data);
         }
-        if let Some(head) = CommonHead::read(data) {
-            if let Some(observer) = &mut self.observer {
-                observer(head.verdict, head.line());
-            }
-            let (len, verdict) = (head.len, head.verdict);
-            return Some(self.follow(data, len, verdict));
-        }
         let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);
         let (len, verdict) = match req.parse_with_uninit_headers(data, &mut fields) {
@@ -420,38 +397,6 @@ impl Field {
             .into_iter()
             .find(|f| name.eq_ignore_ascii_case(f.name()))
     }
-
-    /// The field a raw `name:value` line holds and its value as httparse gives it
-    /// (without the blanks around it), if it is one of the two. Only names starting
-    /// with `t` or `c` can be, and only if a colon follows them: most lines are done
-    /// after two bytes.
-    fn in_line(line: &[u8]) -> Option<(Field, &[u8])> {
-        let field = match line.first()? | 0x20 {
-            b't' => Field::TransferEncoding,
-            b'c' => Field::ContentLength,
-            _ => return None,
-        };
-        let name = field.name().as_bytes();
-        if line.get(name.len()) != Some(&b':') {
-            return None;
-        }
-        let (start, rest) = line.split_at(name.len());
-        // Both names are 14 to 17 bytes: compared as three overlapping 8-byte words,
-        // case folded by setting bit 5 in each byte. That folds only letters, and CR
-        // onto `-`: a CR inside a name is a head httparse refuses.
-        let words = |bytes: &[u8]| {
-            let mid = bytes.len() / 2 - 4;
-            [0, mid, bytes.len() - 8].map(|at| folded(&bytes[at..]))
-        };
-        (words(start) == words(name)).then(|| (field, trim(&rest[1..])))
-    }
-}
-
-/// The first eight bytes as one word, with bit 5 set in each byte.
-fn folded(bytes: &[u8]) -> u64 {
-    bytes
-        .first_chunk::<8>()
-        .map_or(0, |word| u64::from_le_bytes(*word) | 0x2020_2020_2020_2020)
 }
 
 /// hyper's body framing for a head httparse parsed.
@@ -524,77 +469,6 @@ impl Framing {
             (false, false, _, _) => Verdict::Length(self.length.unwrap_or(0)),
         }
     }
-}
-
-/// A head in the form nearly every client sends, read without the full parse: no empty
-/// line before it, a request line ending in ` HTTP/1.1` or ` HTTP/1.0`, every line ended
-/// by CR LF, no folded line, at most [`MAX_HEADERS`] fields, and its empty line within
-/// the bytes at hand. It finds the line ends (`memchr`) and looks closer only at lines
-/// that start with `c` or `t`, where httparse checks every byte.
-///
-/// For a head of this form that httparse accepts, it gives what httparse gives: the
-/// same length (httparse ends each line at its first CR LF and the head at the first
-/// empty line), the same method, target and version, and the same framing fields in
-/// the same order with the same values (httparse drops the blanks around a value).
-/// A head of this form that httparse refuses (say, a bad byte in a name) may get a
-/// verdict here and reach hyper unbroken; hyper parses it with the same httparse and
-/// configuration, refuses it and reads nothing more, so the verdict is never acted on.
-/// Whatever is not of this form gets `None`, and the full parse.
-struct CommonHead<'a> {
-    /// Up to and including the empty line.
-    len: usize,
-    verdict: Verdict,
-    /// The request line without its version: `METHOD SP target`.
-    line: &'a [u8],
-}
-
-impl<'a> CommonHead<'a> {
-    fn read(data: &'a [u8]) -> Option<Self> {
-        // httparse skips empty lines before a head: that is for the full parse.
-        if matches!(data.first(), None | Some(b'\r' | b'\n')) {
-            return None;
-        }
-        let mut at = 0;
-        let first = crlf_line(data, &mut at)?;
-        let (line, http11) = match first.split_last_chunk::<9>() {
-            Some((line, b" HTTP/1.1")) => (line, true),
-            Some((line, b" HTTP/1.0")) => (line, false),
-            _ => return None,
-        };
-        let mut framing = Framing::new(http11);
-        for n in 0..=MAX_HEADERS {
-            let field = crlf_line(data, &mut at)?;
-            match field.first() {
-                None => {
-                    let verdict = framing.verdict();
-                    return Some(CommonHead { len: at, verdict, line });
-                }
-                Some(b' ' | b'\t') => return None,
-                Some(_) if n == MAX_HEADERS => return None,
-                Some(_) => {}
-            }
-            if let Some((field, value)) = Field::in_line(field) {
-                framing.add(field, value);
-            }
-        }
-        None
-    }
-
-    /// Method and target, as httparse gives them for a head it accepts.
-    fn line(&self) -> Option<(&'a str, &'a str)> {
-        let space = self.line.iter().position(|&b| b == b' ')?;
-        let (method, target) = (&self.line[..space], &self.line[space + 1..]);
-        Some((std::str::from_utf8(method).ok()?, std::str::from_utf8(target).ok()?))
-    }
-}
-
-/// The line at `data[*at..]` without its CR LF, moving `at` past it; `None` if no LF
-/// follows or the LF has no CR before it.
-fn crlf_line<'a>(data: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
-    let rest = data.get(*at..)?;
-    let lf = memchr::memchr(b'\n', rest)?;
-    *at += lf + 1;
-    rest[..lf].strip_suffix(b"\r")
 }
 
 /// hyper's `headers::is_chunked_`: the value is visible ASCII and its last
@@ -735,7 +609,6 @@ mod tests {
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
 
-    use proptest::prelude::*;
 
     use super::*;
 
@@ -1034,12 +907,9 @@ mod tests {
     }
 
     #[test]
-    fn a_common_head_httparse_refuses_reaches_hyper_whole_or_broken() {
-        // Of the common form (`CommonHead`), yet refused by httparse: read whole, the
-        // guard hands it over unbroken; split so that httparse sees the bad byte in a
-        // partial head, broken. Either way hyper, parsing with the same httparse,
-        // refuses the first head it gets and reads nothing after it (where the guard,
-        // following on, is harmless).
+    fn a_head_httparse_refuses_is_broken_in_any_split() {
+        // hyper, parsing with the same httparse, would refuse it and read nothing after
+        // it; the guard breaks it, so hyper surely does.
         let refused = |bytes: &[u8]| {
             httparse::Request::new(&mut [httparse::EMPTY_HEADER; 8])
                 .parse(bytes)
@@ -1053,135 +923,9 @@ mod tests {
         ] {
             let bytes = input.as_bytes();
             assert!(refused(bytes), "{input:?}");
-            assert_eq!(whole(input).0, bytes, "{input:?}");
-            for at in 0..=bytes.len() {
-                let (out, _) = through(vec![bytes[..at].to_vec(), bytes[at..].to_vec()], 8192);
-                assert!(out == bytes || out == broken_at(input, 0), "{input:?} split at {at}");
-                assert!(refused(&out), "{input:?} split at {at}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_usual_heads_take_the_common_form() {
-        for (head, verdict, line) in [
-            (
-                "POST /hook HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nContent-Type: application/json\r\nContent-Length: 35\r\n\r\n",
-                Verdict::Length(35),
-                ("POST", "/hook"),
-            ),
-            (
-                "POST /gh?x=1 HTTP/1.1\r\nUser-Agent: GitHub-Hookshot/abc\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
-                Verdict::Chunked,
-                ("POST", "/gh?x=1"),
-            ),
-            ("GET / HTTP/1.0\r\n\r\n", Verdict::Length(0), ("GET", "/")),
-        ] {
-            let common = CommonHead::read(head.as_bytes()).expect(head);
-            let end = head.find("\r\n\r\n").expect("an end") + 4;
-            assert_eq!((common.len, common.verdict, common.line()), (end, verdict, Some(line)));
-        }
-    }
-
-    /// Request heads near the common form: mostly well formed, with the pieces where it
-    /// and httparse could part mixed in.
-    fn near_common_head() -> impl Strategy<Value = Vec<u8>> {
-        // `usual` most of the time, else one of `odd`.
-        fn piece(usual: &'static [&'static str], odd: &'static [&'static str]) -> impl Strategy<Value = &'static str> {
-            prop_oneof![6 => prop::sample::select(usual), 1 => prop::sample::select(odd)]
-        }
-        let eol = || piece(&["\r\n"], &["\n", "\r", "\r\r\n", "\n\r"]);
-        let name = piece(
-            &[
-                "Content-Length",
-                "content-length",
-                "Transfer-Encoding",
-                "TRANSFER-encoding",
-                "Host",
-                "Content-Type",
-                "X-Id",
-            ],
-            &[
-                "Content-Lengthx",
-                "Content-Lengt",
-                "Transfer-Encodings",
-                "TE",
-                "C",
-                "t",
-                " Content-Length",
-                "Content-Length ",
-                "Content Length",
-                "\u{e9}",
-                "",
-            ],
-        );
-        let sep = piece(&[": ", ":"], &[":\t", ":  \t ", " :", ""]);
-        let value = piece(
-            &["5", "0", "chunked", "gzip, chunked", "x"],
-            &[
-                "05",
-                "5 ",
-                " 5",
-                "5\t",
-                "18446744073709551614",
-                "5, 5",
-                "",
-                "Chunked",
-                "chunked , ",
-                "chunked,",
-                "\x01",
-                "a b",
-                "\u{e9}",
-                "\x7f",
-                "5\r6",
-            ],
-        );
-        let field = (name, sep, value, eol()).prop_map(|(n, s, v, e)| format!("{n}{s}{v}{e}"));
-        let line = (
-            piece(&[""], &["\r\n", "\n", " "]),
-            piece(&["GET", "POST"], &["P\x01ST", "", "GET ", "get"]),
-            piece(
-                &[" / ", " /a?b=c "],
-                &["  / ", " /a b ", " /\u{e9} ", " /\x01 ", " ", " * "],
-            ),
-            piece(
-                &["HTTP/1.1", "HTTP/1.0"],
-                &["HTTP/2.0", "HTTP/1.1 ", "http/1.1", "HTTP/1.12", "HTTP/1"],
-            ),
-            eol(),
-        )
-            .prop_map(|(before, m, p, v, e)| format!("{before}{m}{p}{v}{e}"));
-        let body = prop::sample::select(&["", "abc", "0\r\n\r\n"][..]);
-        (line, prop::collection::vec(field, 0..12), eol(), body).prop_map(|(line, fields, end, body)| {
-            [line, fields.concat(), end.into(), body.into()].concat().into_bytes()
-        })
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(20_000))]
-
-        /// Wherever the common-form reading answers and httparse accepts the head, the
-        /// two agree on everything the guard uses; and never does it find a whole head
-        /// where httparse wants more bytes.
-        #[test]
-        fn the_common_form_reads_as_httparse_does(head in near_common_head()) {
-            let Some(common) = CommonHead::read(&head) else { return Ok(()) };
-
-            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut req = httparse::Request::new(&mut fields);
-            match req.parse(&head) {
-                Ok(httparse::Status::Complete(len)) => {
-                    prop_assert_eq!(
-                        (common.len, common.verdict, common.line()),
-                        (len, framing(&req), req.method.zip(req.path)),
-                        "{:?}", String::from_utf8_lossy(&head)
-                    );
-                }
-                Ok(httparse::Status::Partial) => {
-                    prop_assert!(false, "whole here, partial to httparse: {:?}", String::from_utf8_lossy(&head));
-                }
-                Err(_) => {}
-            }
+            let (out, seen) = same_in_every_split(input);
+            assert_eq!(verdicts(&seen), [Verdict::Unparsable], "{input:?}");
+            assert_eq!(out, broken_at(input, 0), "{input:?}");
         }
     }
 

@@ -23,7 +23,7 @@ use aes::cipher::block_padding::NoPadding;
 use base64::Engine;
 use dedup_gateway::Config;
 use dedup_gateway::config::RouteConfig;
-use dedup_gateway::dedup::key::Input;
+use dedup_gateway::key::Input;
 use hmac::{KeyInit, Mac};
 use sha1::{Digest, Sha1};
 

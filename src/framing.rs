@@ -609,7 +609,6 @@ mod tests {
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
 
-
     use super::*;
 
     /// A connection whose reads return these pieces, one per read; then the end of

@@ -11,12 +11,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::config::cidr::Cidr;
-use crate::config::secret::Secret;
-use crate::dedup::policy::OnStoreError;
+use crate::config::policy::OnStoreError;
 use crate::metrics::{Metrics, StoreOp};
 use crate::proxy::Upstream;
 use crate::reload::Reloader;
 use crate::routing::Routes;
+use crate::secret::Secret;
 use crate::store::{AnyStore, Store, unix_ms};
 
 pub struct Gateway {

@@ -11,12 +11,12 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::body::{self, Body, ReadError};
+use crate::config::policy::{Mode, OnMissingKey};
 use crate::conn::Busy;
-use crate::dedup::key::{Input, StoredKey};
-use crate::dedup::policy::{Mode, OnMissingKey};
 use crate::dedup::{self, Answer};
 use crate::error::{GatewayError, not_found};
 use crate::gateway::Gateway;
+use crate::key::{Input, StoredKey};
 use crate::outcome::{Outcome, STATUS_HEADER};
 use crate::proxy::Peer;
 use crate::routing::Route;

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use dedup_gateway::admin::client::{KeyAction, admin_url, key_request};
 use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
-use dedup_gateway::dedup::key::{Input, Refused, stored_key};
+use dedup_gateway::key::{Input, Refused, stored_key};
 use dedup_gateway::reload::Reloader;
 use dedup_gateway::senders::{self, Failure, Verdict};
 use dedup_gateway::shutdown::Stop;

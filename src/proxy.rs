@@ -7,56 +7,13 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use http::{Request, Response, Uri, Version};
 use tokio::time::Instant;
 
 use crate::body::{Body, BodyError};
+use crate::config::Target;
 use crate::pool::{self, SendError};
-
-/// Where a route forwards to: scheme and authority; the path comes from the request.
-#[derive(Clone, Debug)]
-pub struct Target {
-    pub scheme: Scheme,
-    pub authority: Authority,
-}
-
-impl Target {
-    /// Parses `http://host:port`. A path would be silently dropped, so it is refused.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let uri: Uri = text.parse().map_err(|e| format!("invalid URL {text:?}: {e}"))?;
-        let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
-            return Err(format!(
-                "{text:?} must be an absolute URL like \"http://127.0.0.1:5000\""
-            ));
-        };
-        if *scheme != Scheme::HTTP {
-            return Err(format!(
-                "{text:?}: only http:// upstreams are supported (run the gateway next to the bot)"
-            ));
-        }
-        if authority.as_str().contains('@') {
-            return Err(format!(
-                "{text:?}: credentials in an upstream URL are not supported (they would be sent as the Host)"
-            ));
-        }
-        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
-            return Err(format!(
-                "{text:?}: an upstream has no path; the request's path and query are forwarded unchanged"
-            ));
-        }
-        Ok(Target {
-            scheme: scheme.clone(),
-            authority: authority.clone(),
-        })
-    }
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "{}://{}", self.scheme, self.authority)
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {

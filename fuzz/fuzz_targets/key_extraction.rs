@@ -18,7 +18,7 @@
 
 #![no_main]
 
-use dedup_gateway::dedup::key::{Alternative, Input, KeySpec, stored_key};
+use dedup_gateway::key::{Alternative, Input, KeySpec, stored_key};
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use http::{Method, StatusCode};
 use serde_json::json;
 
-use crate::dedup::key::stored_key;
 use crate::gateway::Gateway;
+use crate::key::stored_key;
 use crate::store::{Forgotten, KeyInfo, Store, unix_ms};
 
 /// A request under `/keys/`, parsed.

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
+use crate::secret::Secret;
+
 /// Every problem found in a config file, each as `key.path: what is wrong`, and the
 /// settings read but ignored (warnings: the config still loads).
 #[derive(Debug, Default)]
@@ -279,6 +281,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     n.checked_mul(factor).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Reads the environment variable named by `key` (e.g. `url_env = "REDIS_URL"`).
+/// An unset or empty variable is a problem at `key`'s path.
+pub fn from_env(s: &mut Section, key: &'static str, problems: &mut Problems) -> Option<(String, Secret)> {
+    let name = s.string(key, problems)?;
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => Some((name.to_owned(), Secret::new(value))),
+        Ok(_) => {
+            problems.push(s.path_of(key), format!("environment variable {name} is empty"));
+            None
+        }
+        Err(_) => {
+            problems.push(s.path_of(key), format!("environment variable {name} is not set"));
+            None
+        }
+    }
 }
 
 #[cfg(test)]

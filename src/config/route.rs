@@ -7,11 +7,12 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
 use super::StoreConfig;
+use super::Target;
 use super::read::{Problems, Section};
-use crate::dedup::key::{Alternative, KeySpec};
-use crate::dedup::policy::{InFlight, Mode, OnMissingKey, OnUpstreamTimeout};
-use crate::proxy::Target;
-use crate::senders::{self, Credentials, Field, Preset, Secret, Sender};
+use crate::config::policy::{InFlight, Mode, OnMissingKey, OnUpstreamTimeout};
+use crate::key::{Alternative, KeySpec};
+use crate::secret::Secret;
+use crate::senders::{self, Credentials, Field, Preset, Sender};
 
 /// Which request paths a route serves.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,9 +16,7 @@
 //! - rare branches with large futures (connecting, reading a body for `replay`) are
 //!   boxed.
 
-pub mod key;
 mod owner;
-pub mod policy;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,15 +32,15 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::body::Body;
+use crate::config::policy::{InFlight, Mode, OnStoreError};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
+use crate::key::StoredKey;
 use crate::metrics::{OrphanRelease, StoreOp, UpstreamClass};
 use crate::outcome::Outcome;
 use crate::proxy::{self, Peer, UpstreamError};
 use crate::routing::Route;
 use crate::store::{Claim, Marker, Store, StoreError, StoredResponse, Token, unix_ms};
-use key::StoredKey;
-use policy::{InFlight, Mode, OnStoreError};
 
 /// A request whose body has been read and whose key has been derived.
 pub struct Request {

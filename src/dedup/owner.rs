@@ -5,9 +5,9 @@
 use http::Response;
 use tokio::time::Instant;
 
-use super::policy::OnUpstreamTimeout;
 use super::{Answer, Request, Task, answer, send, timed};
 use crate::body::{self, Body, BodyError};
+use crate::config::policy::OnUpstreamTimeout;
 use crate::error::GatewayError;
 use crate::metrics::StoreOp;
 use crate::outcome::Outcome;

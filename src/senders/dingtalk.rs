@@ -6,7 +6,8 @@
 use base64::Engine;
 
 use super::mac::Mac;
-use super::{Delivery, Rejection, Secret, ct_eq, timestamp};
+use super::{Delivery, Rejection, ct_eq, timestamp};
+use crate::secret::Secret;
 
 #[derive(Clone)]
 pub(crate) struct Keys {

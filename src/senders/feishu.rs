@@ -18,9 +18,10 @@ use aes::cipher::{BlockModeDecrypt, InnerIvInit, KeyInit};
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-use super::{CredentialProblem, Credentials, Delivery, Failure, LENIENT_B64, Plaintext, Rejection, Secret, Verdict};
+use super::{CredentialProblem, Credentials, Delivery, Failure, LENIENT_B64, Plaintext, Rejection, Verdict};
 use super::{ct_eq, is_url_verification, unhex};
-use crate::dedup::key::Pointer;
+use crate::key::Pointer;
+use crate::secret::Secret;
 
 #[derive(Clone)]
 pub(crate) struct Keys {

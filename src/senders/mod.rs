@@ -15,7 +15,6 @@ mod dingtalk;
 mod feishu;
 mod github;
 mod mac;
-mod secret;
 mod shopify;
 mod slack;
 mod standard_webhooks;
@@ -28,9 +27,9 @@ use std::fmt;
 use std::ops::Range;
 use std::time::Duration;
 
-pub use secret::Secret;
+use crate::secret::Secret;
 
-use crate::dedup::key::{Pointer, Refused};
+use crate::key::{Pointer, Refused};
 
 /// A sender the gateway knows: everything a route with `preset = "<name>"` fills in.
 #[derive(Debug)]
@@ -700,7 +699,7 @@ pub fn warnings(sender: &Sender, completed_ttl: Duration) -> Vec<String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::dedup::key::Alternative;
+    use crate::key::Alternative;
 
     /// A request head with these headers, for the checks' unit tests.
     pub fn delivery(headers: &[(&str, &str)], uri: &str) -> http::request::Parts {

@@ -6,7 +6,8 @@
 use base64::Engine;
 
 use super::mac::Mac;
-use super::{Delivery, Rejection, Secret, ct_eq, timestamp, within};
+use super::{Delivery, Rejection, ct_eq, timestamp, within};
+use crate::secret::Secret;
 
 const HEADER: &str = "webhook-signature";
 

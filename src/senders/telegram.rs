@@ -1,7 +1,8 @@
 //! Telegram: `X-Telegram-Bot-Api-Secret-Token` equals the `secret_token` given to
 //! setWebhook (1-256 of `A-Za-z0-9_-`). No HMAC, no timestamp.
 
-use super::{Delivery, Rejection, Secret, ct_eq};
+use super::{Delivery, Rejection, ct_eq};
+use crate::secret::Secret;
 
 pub(crate) fn check_token(secret: &Secret) -> Result<(), String> {
     let s = secret.expose();

@@ -22,9 +22,10 @@ use base64::Engine;
 use sha1::{Digest, Sha1};
 
 use super::{CredentialProblem, Credentials, Delivery, Failure, Field, LENIENT_B64, Plaintext, Rejection, Verdict};
-use super::{Secret, ct_eq, unhex};
-use crate::dedup::key::xml::{self, Found, XmlError, XmlPath};
-use crate::dedup::key::{Pointer, Refused};
+use super::{ct_eq, unhex};
+use crate::key::xml::{self, Found, XmlError, XmlPath};
+use crate::key::{Pointer, Refused};
+use crate::secret::Secret;
 
 /// Which of the two senders a route serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -43,7 +43,7 @@ use super::command::{Arg, Command};
 use super::resp;
 use super::{Claim, Completion, Forgotten, KeyInfo, KeyState, Marker, Store, StoreError, StoredResponse, Token};
 use crate::config::RedisTarget;
-use crate::config::secret::redact_url;
+use crate::secret::redact_url;
 
 /// PROCESSING(token) -> COMPLETED, only while the marker holds the caller's token.
 /// ARGV[1] is the PROCESSING value's prefix up to and including the token.

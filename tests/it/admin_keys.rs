@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use dedup_gateway::config::secret::Secret;
+use dedup_gateway::secret::Secret;
 use http::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -10,7 +10,6 @@ use serde_json::value::RawValue;
 
 use super::Miss;
 
-
 /// A parsed JSON pointer: the reference tokens with `~1` and `~0` decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pointer(Vec<String>);

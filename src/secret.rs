@@ -1,16 +1,14 @@
-//! Secrets in the configuration: values read from the environment (`*_env` keys), and
-//! the redaction that keeps them out of `check` output, logs and error messages.
+//! Secrets (preset tokens and keys, the admin token, a Redis URL's password) and the
+//! redaction that keeps them out of `check` output, logs and error messages.
 
 use std::fmt;
 
-use super::read::{Problems, Section};
-
-/// A secret value: its `Debug` never shows it.
+/// A secret value: neither its `Debug` nor its `Display` shows it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
+pub struct Secret(Box<str>);
 
 impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
+    pub fn new(value: impl Into<Box<str>>) -> Self {
         Secret(value.into())
     }
 
@@ -25,20 +23,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Reads the environment variable named by `key` (e.g. `url_env = "REDIS_URL"`).
-/// An unset or empty variable is a problem at `key`'s path.
-pub fn from_env(s: &mut Section, key: &'static str, problems: &mut Problems) -> Option<(String, Secret)> {
-    let name = s.string(key, problems)?;
-    match std::env::var(name) {
-        Ok(value) if !value.is_empty() => Some((name.to_owned(), Secret::new(value))),
-        Ok(_) => {
-            problems.push(s.path_of(key), format!("environment variable {name} is empty"));
-            None
-        }
-        Err(_) => {
-            problems.push(s.path_of(key), format!("environment variable {name} is not set"));
-            None
-        }
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("***")
     }
 }
 

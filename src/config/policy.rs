@@ -1,7 +1,7 @@
 //! The per-route and per-store choices the state machine acts on, as enums so an
 //! illegal policy cannot be written down.
 
-use crate::config::read::Choice;
+use super::read::Choice;
 
 /// What a request does when it finds the message still being processed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,8 @@
 //! limited read of a request body.
 //!
 //! An enum instead of a boxed body: the proxy sits on every webhook, so the hot path
-//! avoids a heap allocation per message just to erase a type.
+//! avoids a heap allocation per message just to erase a type. Only an upstream answer
+//! longer than what came with its head is boxed ([`Streaming`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -12,24 +13,37 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::client::Streaming;
+/// An upstream response body still arriving on its connection (the upstream client's,
+/// [`crate::upstream::client`]). Boxed behind this trait, so that this type does not
+/// depend on the client that makes it.
+pub type Streaming = Pin<Box<dyn http_body::Body<Data = Bytes, Error = std::io::Error> + Send + Sync>>;
 
 /// A request or response body: buffered bytes, a stream from a sender, an upstream
 /// response still arriving, or one whose first chunks were already read (a `replay`
 /// response too large to store).
-#[derive(Debug)]
 pub enum Body {
     Full(Option<Bytes>),
     Incoming(Incoming),
-    /// Boxed: only responses longer than what came with their head stream.
-    Upstream(Box<Streaming>),
+    /// Only responses longer than what came with their head stream.
+    Upstream(Streaming),
     Prefixed {
         head: std::vec::IntoIter<Bytes>,
-        rest: Box<Streaming>,
+        rest: Streaming,
     },
 }
 
-/// Why a body broke: on the sender's side (hyper) or the upstream's ([`crate::client`]).
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Body::Full(bytes) => f.debug_tuple("Full").field(bytes).finish(),
+            Body::Incoming(incoming) => f.debug_tuple("Incoming").field(incoming).finish(),
+            Body::Upstream(_) => f.write_str("Upstream(..)"),
+            Body::Prefixed { head, .. } => f.debug_struct("Prefixed").field("head", head).finish_non_exhaustive(),
+        }
+    }
+}
+
+/// Why a body broke: on the sender's side (hyper) or the upstream's ([`crate::upstream`]).
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     #[error(transparent)]
@@ -41,6 +55,11 @@ pub enum BodyError {
 impl Body {
     pub fn empty() -> Self {
         Body::Full(None)
+    }
+
+    /// An upstream answer still arriving (see [`Streaming`]).
+    pub fn upstream(body: impl http_body::Body<Data = Bytes, Error = std::io::Error> + Send + Sync + 'static) -> Self {
+        Body::Upstream(Box::pin(body))
     }
 
     pub fn full(bytes: impl Into<Bytes>) -> Self {
@@ -63,10 +82,10 @@ impl http_body::Body for Body {
         match self.get_mut() {
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Body::Incoming(incoming) => from(Pin::new(incoming).poll_frame(cx)),
-            Body::Upstream(streaming) => from(Pin::new(&mut **streaming).poll_frame(cx)),
+            Body::Upstream(streaming) => from(streaming.as_mut().poll_frame(cx)),
             Body::Prefixed { head, rest } => match head.next() {
                 Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
-                None => from(Pin::new(&mut **rest).poll_frame(cx)),
+                None => from(rest.as_mut().poll_frame(cx)),
             },
         }
     }

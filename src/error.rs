@@ -6,9 +6,9 @@ use http::{Response, StatusCode};
 
 use crate::body::Body;
 use crate::outcome::Outcome;
-use crate::proxy::UpstreamError;
 use crate::senders::{Failure, Rejection};
 use crate::store::StoreError;
+use crate::upstream::UpstreamError;
 
 impl From<Failure> for GatewayError {
     fn from(failure: Failure) -> Self {

@@ -1,8 +1,8 @@
 //! The shared state of a running gateway: routes (swappable on reload), store,
-//! upstream client, metrics, and the bookkeeping shutdown needs.
+//! metrics, and the bookkeeping shutdown needs.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -13,8 +13,6 @@ use crate::config::Config;
 use crate::config::cidr::Cidr;
 use crate::config::policy::OnStoreError;
 use crate::metrics::{Metrics, StoreOp};
-use crate::proxy::Upstream;
-use crate::reload::Reloader;
 use crate::routing::Routes;
 use crate::secret::Secret;
 use crate::store::{AnyStore, Store, unix_ms};
@@ -22,7 +20,6 @@ use crate::store::{AnyStore, Store, unix_ms};
 pub struct Gateway {
     pub routes: ArcSwap<Routes>,
     pub store: AnyStore,
-    pub upstream: Upstream,
     pub metrics: Metrics,
     pub max_body: u64,
     /// Bound on reading a request body (`server.body_timeout`).
@@ -40,8 +37,6 @@ pub struct Gateway {
     abandon: CancellationToken,
     /// Background releases of claims that may have landed (see `dedup::release_orphan`).
     pub orphan_releases: AtomicUsize,
-    /// Set when the gateway runs from a file: what SIGHUP and `POST /reload` use.
-    pub reloader: OnceLock<Arc<Reloader>>,
     draining: AtomicBool,
     /// Worker threads still starting (opening their store connections): not ready
     /// until every one serves.
@@ -63,7 +58,6 @@ impl Gateway {
         Arc::new(Gateway {
             routes: ArcSwap::from_pointee(Routes::new(&config.routes, &metrics)),
             store,
-            upstream: Upstream::new(),
             metrics,
             max_body: config.server.max_body,
             body_timeout: config.server.body_timeout,
@@ -74,7 +68,6 @@ impl Gateway {
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
             orphan_releases: AtomicUsize::new(0),
-            reloader: OnceLock::new(),
             draining: AtomicBool::new(false),
             workers_starting: AtomicUsize::new(config.server.workers),
             store_ok_ms: AtomicU64::new(0),

@@ -10,29 +10,29 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use crate::answer::{self, Answer};
 use crate::body::{self, Body, ReadError};
 use crate::config::policy::{Mode, OnMissingKey};
-use crate::conn::Busy;
-use crate::dedup::{self, Answer};
+use crate::dedup;
 use crate::error::{GatewayError, not_found};
 use crate::gateway::Gateway;
 use crate::key::{Input, StoredKey};
 use crate::outcome::{Outcome, STATUS_HEADER};
-use crate::proxy::Peer;
 use crate::routing::Route;
 use crate::senders::Verdict;
 use crate::store::unix_ms;
+use crate::upstream::Peer;
 
 /// Serves one request on the proxy listener. `busy` is held until the request is
-/// answered (or dropped): the connection's watchdog counts it. Taken here rather than
-/// by a wrapping future, which would move this one's state once more per request. Not
-/// an `async fn`: see *Future sizes* in [`crate::dedup`].
+/// answered (or dropped): the connection's watchdog counts it by it. Taken here rather
+/// than by a wrapping future, which would move this one's state once more per request.
+/// Not an `async fn`: see *Future sizes* in [`crate::dedup`].
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
-pub(crate) fn handle(
+pub fn handle<B: Send + 'static>(
     gw: Arc<Gateway>,
     peer: Peer,
     req: Request<Incoming>,
-    busy: Option<Busy>,
+    busy: Option<B>,
 ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send {
     async move {
         let _busy = busy;
@@ -50,7 +50,7 @@ pub(crate) fn handle(
                 Some(Err(failure)) => (None, Err(failure.into())),
                 _ => {
                     let _in_flight = route.metrics.in_flight();
-                    let bypass = dedup::forward_unowned(&gw, &route, head, Body::Incoming(body), peer, Outcome::Bypass);
+                    let bypass = answer::forward_unowned(&route, head, Body::Incoming(body), peer, Outcome::Bypass);
                     (None, bypass.await)
                 }
             }
@@ -140,13 +140,11 @@ async fn keyed(
             Mode::Enforce => config.policy.on_missing_key,
         };
         let result = match policy {
-            OnMissingKey::Forward => {
-                dedup::forward_unowned(gw, route, head, Body::full(body), peer, Outcome::NoKey).await
-            }
+            OnMissingKey::Forward => answer::forward_unowned(route, head, Body::full(body), peer, Outcome::NoKey).await,
             OnMissingKey::Reject => Err(GatewayError::MissingKey),
             OnMissingKey::Ack => Ok(Answer {
                 outcome: Outcome::NoKey,
-                response: dedup::duplicate_response(route),
+                response: answer::duplicate_response(route),
             }),
         };
         return (None, result);

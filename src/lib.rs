@@ -25,27 +25,25 @@
 //!   [`reload`]: SIGHUP / `POST /reload` config reloads.
 
 pub mod admin;
+pub mod answer;
 pub mod body;
-pub mod client;
 pub mod config;
-pub mod conn;
 pub mod dedup;
 pub mod error;
-pub mod framing;
 pub mod gateway;
+pub mod h1;
 pub mod handler;
+pub mod inbound;
 pub mod key;
 pub mod metrics;
 pub mod outcome;
-pub mod pool;
-pub mod proxy;
-pub mod reload;
 pub mod routing;
 pub mod secret;
 pub mod senders;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod upstream;
 
 pub use config::Config;
 pub use gateway::Gateway;

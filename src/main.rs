@@ -8,9 +8,9 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use dedup_gateway::admin::client::{KeyAction, admin_url, key_request};
+use dedup_gateway::admin::reload::Reloader;
 use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
 use dedup_gateway::key::{Input, Refused, stored_key};
-use dedup_gateway::reload::Reloader;
 use dedup_gateway::senders::{self, Failure, Verdict};
 use dedup_gateway::shutdown::Stop;
 use dedup_gateway::{Gateway, Listeners};
@@ -186,10 +186,10 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         let listeners = Listeners::bind(&config.server).await?;
         let gw = Gateway::new(&config, store);
         let reloader = Arc::new(Reloader::new(path.to_path_buf(), config.clone()));
-        let _ = gw.reloader.set(Arc::clone(&reloader));
-        reloader.reload_on_sighup(Arc::clone(&gw));
+        Arc::clone(&reloader).reload_on_sighup(Arc::clone(&gw));
         // `run` logs "dedup-gateway serving" once every worker is up.
-        dedup_gateway::run(gw, config.server.clone(), listeners, stop.signalled()).await;
+        let server = config.server.clone();
+        dedup_gateway::run(gw, server, listeners, Some(reloader), stop.signalled()).await;
         Ok(ExitCode::SUCCESS)
     })
 }

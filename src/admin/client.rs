@@ -8,7 +8,7 @@ use http::{Method, Request, StatusCode, Uri, header};
 use http_body_util::BodyExt;
 
 use crate::body::Body;
-use crate::proxy::{Upstream, UpstreamError};
+use crate::upstream::{self, UpstreamError};
 
 /// What to do with the key.
 #[derive(Clone, Copy, Debug)]
@@ -79,18 +79,17 @@ pub async fn key_request(
         url: base.to_owned(),
         source: UpstreamError::Request(e),
     })?;
-    let response = Upstream::new()
-        .send(
-            &authority,
-            request,
-            tokio::time::Instant::now(),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|source| ClientError::Request {
-            url: base.to_owned(),
-            source,
-        })?;
+    let response = upstream::call(
+        &authority,
+        request,
+        tokio::time::Instant::now(),
+        Duration::from_secs(10),
+    )
+    .await
+    .map_err(|source| ClientError::Request {
+        url: base.to_owned(),
+        source,
+    })?;
     let status = response.status();
     let body = response
         .into_body()

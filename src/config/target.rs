@@ -47,3 +47,19 @@ impl std::fmt::Display for Target {
         write!(f, "{}://{}", self.scheme, self.authority)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_scheme_and_authority_only() {
+        assert!(Target::parse("http://127.0.0.1:5000").is_ok());
+        assert!(Target::parse("http://127.0.0.1:5000/").is_ok());
+        assert!(Target::parse("http://127.0.0.1:5000/base").is_err());
+        assert!(Target::parse("https://example.com").is_err());
+        assert!(Target::parse("127.0.0.1:5000").is_err());
+        let credentials = Target::parse("http://user:pw@127.0.0.1:5000").expect_err("credentials");
+        assert!(credentials.contains("credentials"), "{credentials}");
+    }
+}

@@ -25,34 +25,26 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::FutureExt as _;
-use http::Response;
-use http::header;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::answer::{Answer, answer, duplicate, duplicate_response, forward_unowned};
 use crate::body::Body;
 use crate::config::policy::{InFlight, Mode, OnStoreError};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::key::StoredKey;
-use crate::metrics::{OrphanRelease, StoreOp, UpstreamClass};
+use crate::metrics::{OrphanRelease, StoreOp};
 use crate::outcome::Outcome;
-use crate::proxy::{self, Peer, UpstreamError};
 use crate::routing::Route;
-use crate::store::{Claim, Marker, Store, StoreError, StoredResponse, Token, unix_ms};
+use crate::store::{Claim, Marker, Store, StoreError, Token, unix_ms};
+use crate::upstream::Peer;
 
 /// A request whose body has been read and whose key has been derived.
 pub struct Request {
     pub head: http::request::Parts,
     pub body: Bytes,
     pub peer: Peer,
-}
-
-/// How a request ended well: what to count and what to send.
-pub struct Answer {
-    pub outcome: Outcome,
-    pub response: Response<Body>,
 }
 
 /// How a keyed request goes on from [`process`].
@@ -207,7 +199,7 @@ impl Task {
                         Marker::Completed { .. } => Outcome::ShadowDuplicate,
                         Marker::Processing { .. } => Outcome::ShadowInFlight,
                     };
-                    return forward_unowned(gw, route, req.head, Body::full(req.body), req.peer, outcome).await;
+                    return forward_unowned(route, req.head, Body::full(req.body), req.peer, outcome).await;
                 }
                 let holder = match marker {
                     Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
@@ -364,84 +356,6 @@ async fn store_failed(
     } else {
         tracing::warn!(route = %route_name, key, %error, "store unavailable: forwarding without dedup");
         let (head, body) = (req.head, Body::full(req.body));
-        forward_unowned(gw, route, head, body, req.peer, Outcome::StoreUnavailable).await
+        forward_unowned(route, head, body, req.peer, Outcome::StoreUnavailable).await
     }
-}
-
-/// Forwards a request nobody claimed (no key, shadow mode, store down, or a method
-/// that is not deduped). Nothing to complete or release, so it runs in the caller's task.
-/// Not an `async fn`: see *Future sizes* in the module doc.
-pub fn forward_unowned<'a>(
-    gw: &'a Gateway,
-    route: &'a Route,
-    head: http::request::Parts,
-    body: Body,
-    peer: Peer,
-    outcome: Outcome,
-) -> impl Future<Output = Result<Answer, GatewayError>> + Send + 'a {
-    send(gw, route, head, body, peer, Instant::now()).map(move |sent| match sent {
-        Ok(response) => Ok(answer(outcome, response)),
-        Err(error) => Err(GatewayError::Upstream { error, outcome }),
-    })
-}
-
-/// Rewrites a request for the route's upstream and sends it, counting the result
-/// class and latency. `upstream_timeout` and the latency run from `started`.
-/// Not an `async fn`: see *Future sizes* in the module doc.
-pub fn send<'a>(
-    gw: &'a Gateway,
-    route: &'a Route,
-    head: http::request::Parts,
-    body: Body,
-    peer: Peer,
-    started: Instant,
-) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + Send + 'a {
-    let request = proxy::upstream_request(head, body, &route.config.upstream, peer);
-    let (authority, timeout) = (&route.config.upstream.authority, route.config.policy.upstream_timeout);
-    gw.upstream
-        .send(authority, request, started, timeout)
-        .map(move |result| {
-            let class = match &result {
-                Ok(response) => UpstreamClass::of_status(response.status()),
-                Err(UpstreamError::Timeout(_)) => UpstreamClass::Timeout,
-                Err(_) => UpstreamClass::Error,
-            };
-            route.metrics.upstream(class, started.elapsed());
-            result
-        })
-}
-
-fn answer(outcome: Outcome, response: Response<Body>) -> Answer {
-    Answer { outcome, response }
-}
-
-/// The answer for a COMPLETED marker: the stored response with `replay`, else the
-/// route's duplicate answer.
-fn duplicate(route: &Route, stored: Option<&StoredResponse>) -> Answer {
-    match stored {
-        Some(stored) if route.config.policy.replay => {
-            let mut response = Response::new(Body::full(stored.body.clone()));
-            *response.status_mut() = stored.status;
-            let headers = response.headers_mut();
-            if let Some(ct) = &stored.content_type {
-                headers.insert(header::CONTENT_TYPE, ct.clone());
-            }
-            if let Some(ce) = &stored.content_encoding {
-                headers.insert(header::CONTENT_ENCODING, ce.clone());
-            }
-            answer(Outcome::Replayed, response)
-        }
-        _ => answer(Outcome::Duplicate, duplicate_response(route)),
-    }
-}
-
-/// The route's configured duplicate answer (`duplicate_status`, `_body`, `_content_type`).
-pub fn duplicate_response(route: &Route) -> Response<Body> {
-    let dup = &route.config.policy.duplicate;
-    let mut response = Response::new(Body::full(dup.body.clone()));
-    *response.status_mut() = dup.status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, dup.content_type.clone());
-    response
 }

@@ -5,14 +5,15 @@
 use http::Response;
 use tokio::time::Instant;
 
-use super::{Answer, Request, Task, answer, send, timed};
+use super::{Request, Task, timed};
+use crate::answer::{Answer, answer};
 use crate::body::{self, Body, BodyError};
 use crate::config::policy::OnUpstreamTimeout;
 use crate::error::GatewayError;
 use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
-use crate::proxy::UpstreamError;
 use crate::store::{Completion, MAX_STORED_BODY, Store, StoreError, StoredResponse};
+use crate::upstream::{self, UpstreamError};
 
 /// Forwards a claimed request and completes or releases its marker. Runs inside the
 /// request's [`Task`], so nothing here is cancelled when the sender hangs up.
@@ -28,7 +29,7 @@ pub(super) fn forward(task: &Task, req: Request) -> impl Future<Output = Result<
             // delivery it would abandon at once.
             biased;
             () = owner.gw.abandoned() => return owner.abandon().await,
-            result = send(&owner.gw, &owner.route, req.head, Body::full(req.body), req.peer, started) => result,
+            result = upstream::send(&owner.route, req.head, Body::full(req.body), req.peer, started) => result,
         };
         match result {
             Ok(response) if response.status().is_success() => owner.succeeded(response, deadline).await,

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use dedup_gateway::body::Body;
-use dedup_gateway::pool;
+use dedup_gateway::upstream::pool;
 use http::Request;
 use http::uri::Authority;
 use http_body_util::BodyExt;

@@ -317,6 +317,7 @@ impl TestGateway {
             Arc::clone(&gw),
             config.server.clone(),
             listeners,
+            None,
             async {
                 let _ = rx.await;
             },

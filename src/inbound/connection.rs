@@ -29,11 +29,11 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::guard::FramingGuard;
 use crate::body::Body;
-use crate::framing::FramingGuard;
 use crate::gateway::Gateway;
 use crate::handler;
-use crate::proxy::Peer;
+use crate::upstream::Peer;
 
 /// How connections are served, shared by every connection task.
 pub struct Protocols {

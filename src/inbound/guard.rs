@@ -1,7 +1,8 @@
 //! RFC 9112 request framing guard for HTTP/1 connections.
 //!
 //! hyper resolves a request carrying both `Content-Length` and `Transfer-Encoding` by
-//! dropping the length (and closing afterwards); SPEC.md asks for a 400. The parsed
+//! dropping the length (and closing afterwards); RFC 9112 section 6.3 wants the
+//! request refused, so the gateway answers 400. The parsed
 //! request keeps no trace of it, so this wrapper reads the byte stream the way hyper
 //! does and, when a head carries both fields, turns its first byte into a NUL before
 //! hyper sees any of it. hyper's parser then rejects the head with 400 and closes the
@@ -39,9 +40,8 @@
 //! have arrived (hyper's own `is_complete_fast` test). Bodies are skipped, not scanned;
 //! chunk-size lines and trailers are read byte by byte. HTTP/2 connections pass through.
 //!
-//! These limits are hyper's defaults; `server.rs` changes none of them. Setting
-//! `max_headers`, `max_buf_size` or a non-default parser configuration on hyper's
-//! builder needs the same change here.
+//! The limits and the chunked decoder are [`crate::h1`]'s, shared with the upstream
+//! client: hyper's defaults, which the listener leaves as they are.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -51,14 +51,9 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// hyper's default bound on header fields per head (and trailer fields per body).
-pub const MAX_HEADERS: usize = 100;
-/// hyper's default read buffer limit: a head still incomplete at this size is refused.
-pub const MAX_HEAD: usize = 8192 + 4096 * 100;
-/// hyper's bound on chunk-extension bytes, counted over a whole body.
-const CHUNK_EXTENSIONS_LIMIT: u64 = 16 * 1024;
-/// hyper's bound on trailer bytes.
-const TRAILER_LIMIT: usize = 16 * 1024;
+use crate::h1::chunked::{Chunked, Piece};
+use crate::h1::{MAX_HEAD, MAX_HEADERS, from_digits, is_chunked};
+
 /// The largest `Content-Length` hyper accepts.
 const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
 /// A held-back buffer larger than this is freed once empty.
@@ -224,35 +219,6 @@ enum Phase {
     Off,
 }
 
-/// hyper's chunked decoder state (`proto/h1/decode.rs`), without the data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Chunked {
-    state: ChunkState,
-    /// The chunk size being read, then the chunk bytes left.
-    size: u64,
-    /// Extension bytes seen in this body.
-    extensions: u64,
-    /// Trailer bytes hyper buffers (`None` until the first trailer byte).
-    trailer_bytes: Option<usize>,
-    trailers: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    Start,
-    Size,
-    SizeLws,
-    Extension,
-    SizeLf,
-    Body,
-    BodyCr,
-    BodyLf,
-    Trailer,
-    TrailerLf,
-    EndCr,
-    EndLf,
-}
-
 /// The stream follower, without I/O: fed the bytes in order, it says how many of them
 /// may go to hyper now (the rest is an incomplete head, presented again, extended, at
 /// the start of the next call) and breaks heads hyper must not accept.
@@ -289,22 +255,16 @@ impl Framer {
                         self.phase = Phase::Head;
                     }
                 }
-                Phase::Chunked(c) if c.state == ChunkState::Body => {
-                    i += skip(&mut c.size, data.len() - i);
-                    if c.size == 0 {
-                        c.state = ChunkState::BodyCr;
+                // Chunk data is skipped, the framing between followed byte by byte.
+                Phase::Chunked(c) => match c.advance(&data[i..]) {
+                    Ok(Piece::Data(n) | Piece::Framing(n)) => i += n,
+                    Ok(Piece::End(n)) => {
+                        i += n;
+                        self.phase = Phase::Head;
                     }
-                }
-                Phase::Chunked(c) => {
-                    let step = c.step(data[i]);
-                    i += 1;
-                    match step {
-                        Ok(false) => {}
-                        Ok(true) => self.phase = Phase::Head,
-                        // hyper fails the body and reads nothing more.
-                        Err(()) => self.phase = Phase::Off,
-                    }
-                }
+                    // hyper fails the body and reads nothing more.
+                    Err(_) => self.phase = Phase::Off,
+                },
             }
         }
         data.len()
@@ -471,37 +431,6 @@ impl Framing {
     }
 }
 
-/// hyper's `headers::is_chunked_`: the value is visible ASCII and its last
-/// comma-separated coding is `chunked`.
-fn is_chunked(value: &[u8]) -> bool {
-    if !value.iter().all(|&b| b == b'\t' || (b' '..0x7f).contains(&b)) {
-        return false;
-    }
-    let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
-    trim(last).eq_ignore_ascii_case(b"chunked")
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
-}
-
-/// hyper's `headers::from_digits`: one or more ASCII digits, no sign, no overflow.
-pub(crate) fn from_digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() {
-        return None;
-    }
-    bytes.iter().try_fold(0u64, |n, &b| match b {
-        b'0'..=b'9' => n.checked_mul(10)?.checked_add(u64::from(b - b'0')),
-        _ => None,
-    })
-}
-
 /// hyper's `is_complete_fast`: could a head end in `bytes` after `prev_len`?
 fn is_complete_fast(bytes: &[u8], prev_len: usize) -> bool {
     let start = prev_len.saturating_sub(3);
@@ -518,90 +447,6 @@ fn is_complete_fast(bytes: &[u8], prev_len: usize) -> bool {
         }
     }
     false
-}
-
-impl Chunked {
-    fn new() -> Self {
-        Chunked {
-            state: ChunkState::Start,
-            size: 0,
-            extensions: 0,
-            trailer_bytes: None,
-            trailers: 0,
-        }
-    }
-
-    /// One byte outside chunk data, as hyper's `ChunkedState::step`. `Ok(true)` at the
-    /// end of the body, `Err` where hyper fails it.
-    fn step(&mut self, b: u8) -> Result<bool, ()> {
-        use ChunkState::*;
-        self.state = match (self.state, b) {
-            (Start | Size, _) if hex(b).is_some() => {
-                let digit = u64::from(hex(b).unwrap_or_default());
-                self.size = self.size.checked_mul(16).and_then(|n| n.checked_add(digit)).ok_or(())?;
-                Size
-            }
-            (Size | SizeLws, b'\t' | b' ') => SizeLws,
-            (Size | SizeLws, b';') => Extension,
-            (Size | SizeLws | Extension, b'\r') => SizeLf,
-            (Extension, b'\n') => return Err(()),
-            (Extension, _) => {
-                self.extensions += 1;
-                if self.extensions >= CHUNK_EXTENSIONS_LIMIT {
-                    return Err(());
-                }
-                Extension
-            }
-            (SizeLf, b'\n') if self.size == 0 => EndCr,
-            (SizeLf, b'\n') => Body,
-            (BodyCr, b'\r') => BodyLf,
-            (BodyLf, b'\n') => Start,
-            (Trailer, _) => {
-                self.trailer_byte()?;
-                if b == b'\r' { TrailerLf } else { Trailer }
-            }
-            (TrailerLf, b'\n') => {
-                if self.trailers >= MAX_HEADERS {
-                    return Err(());
-                }
-                self.trailers += 1;
-                self.trailer_byte()?;
-                EndCr
-            }
-            (EndCr, b'\r') => {
-                if self.trailer_bytes.is_some() {
-                    self.trailer_byte()?;
-                }
-                EndLf
-            }
-            (EndCr, _) => {
-                match self.trailer_bytes {
-                    None => self.trailer_bytes = Some(1),
-                    Some(_) => self.trailer_byte()?,
-                }
-                Trailer
-            }
-            (EndLf, b'\n') => {
-                if self.trailer_bytes.is_some() {
-                    self.trailer_byte()?;
-                }
-                return Ok(true);
-            }
-            _ => return Err(()),
-        };
-        Ok(false)
-    }
-
-    /// Counts a trailer byte hyper buffers, failing at its limit as hyper does.
-    fn trailer_byte(&mut self) -> Result<(), ()> {
-        let n = self.trailer_bytes.unwrap_or_default() + 1;
-        self.trailer_bytes = Some(n);
-        if n >= TRAILER_LIMIT { Err(()) } else { Ok(()) }
-    }
-}
-
-fn hex(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use http::{Method, Request, Response};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::client::{self, Conn, WriteFailure};
 use crate::body::Body;
-use crate::client::{self, Conn, WriteFailure};
 
 /// An unused connection older than this is closed rather than reused (upstreams
 /// commonly close theirs after 60-75 s).

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod keys;
+pub mod reload;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -21,12 +22,12 @@ use tokio::net::TcpListener;
 
 use crate::body::Body;
 use crate::gateway::Gateway;
-use crate::reload::Reloader;
-use crate::server::AcceptFailures;
+use crate::inbound::accept::AcceptFailures;
 use crate::store::Store;
+use reload::Reloader;
 
 /// Serves the admin endpoints until the process exits (so `/readyz` can report the drain).
-pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
+pub fn spawn(gw: Arc<Gateway>, listener: TcpListener, reloader: Option<Arc<Reloader>>) {
     tokio::spawn(async move {
         let mut failures = AcceptFailures::new("admin", &listener);
         loop {
@@ -38,11 +39,11 @@ pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
                 }
             };
             failures.accepted();
-            let gw = Arc::clone(&gw);
+            let (gw, reloader) = (Arc::clone(&gw), reloader.clone());
             tokio::spawn(async move {
                 let service = service_fn(move |req| {
-                    let gw = Arc::clone(&gw);
-                    async move { Ok::<_, Infallible>(respond(gw, req).await) }
+                    let (gw, reloader) = (Arc::clone(&gw), reloader.clone());
+                    async move { Ok::<_, Infallible>(respond(gw, reloader, req).await) }
                 });
                 let _ = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -54,7 +55,7 @@ pub fn spawn(gw: Arc<Gateway>, listener: TcpListener) {
     });
 }
 
-async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+async fn respond(gw: Arc<Gateway>, reloader: Option<Arc<Reloader>>, req: Request<Incoming>) -> Response<Body> {
     let read = req.method() == Method::GET || req.method() == Method::HEAD;
     let path = req.uri().path();
     if path.starts_with("/keys/") {
@@ -84,7 +85,7 @@ async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         ("/reload", false) if req.method() == Method::POST => match authorize(&gw, &req) {
             None => {
                 tracing::info!("admin: POST /reload");
-                reload(gw).await
+                reload(gw, reloader).await
             }
             Some(denied) => denied,
         },
@@ -94,8 +95,8 @@ async fn respond(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
-async fn reload(gw: Arc<Gateway>) -> Response<Body> {
-    let Some(reloader) = gw.reloader.get().map(Arc::clone) else {
+async fn reload(gw: Arc<Gateway>, reloader: Option<Arc<Reloader>>) -> Response<Body> {
+    let Some(reloader) = reloader else {
         return text(StatusCode::NOT_FOUND, "not started from a config file\n");
     };
     match Reloader::reload_blocking(reloader, gw).await {

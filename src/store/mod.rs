@@ -6,10 +6,8 @@
 //! while the marker still holds the caller's token.
 
 pub mod admin;
-mod command;
 pub mod memory;
 pub mod redis;
-mod resp;
 
 use std::fmt;
 use std::future::Future;

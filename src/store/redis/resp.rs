@@ -91,7 +91,7 @@ pub(super) struct Connection {
     handle: Arc<Handle>,
 }
 
-struct Handle {
+pub(super) struct Handle {
     shared: Arc<Shared>,
     db: i64,
 }
@@ -104,7 +104,7 @@ impl Drop for Handle {
 }
 
 /// What callers and the driver share.
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
     /// The driver stopped (the transport broke, or a reply could not be read): the
     /// store opens a fresh connection rather than send on this one. Read without the
@@ -115,7 +115,7 @@ struct Shared {
 }
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     /// Commands not written yet.
     out: Vec<u8>,
     /// The driver was woken for `out` and has not taken it yet: later calls need not
@@ -130,7 +130,7 @@ struct State {
 }
 
 /// A call waiting for its replies.
-enum Waiter {
+pub(super) enum Waiter {
     One(oneshot::Sender<RedisResult<Value>>),
     /// A pipeline: `skip` replies to pass over (an atomic pipeline's `QUEUED`s), then
     /// `left` to collect.
@@ -143,7 +143,7 @@ enum Waiter {
 }
 
 impl Waiter {
-    fn fail(self, error: RedisError) {
+    pub(super) fn fail(self, error: RedisError) {
         // A receiver that is gone gave up on its call (a timeout): nothing to tell.
         match self {
             Waiter::One(reply) => drop(reply.send(Err(error))),
@@ -153,14 +153,14 @@ impl Waiter {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent under a panic elsewhere: every change is one step.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Queues a command (`write` appends it to the buffer) and its waiter, in one step
     /// so that the order of the waiters is the order of the commands.
-    fn send(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) {
+    pub(super) fn send(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) {
         let mut state = self.lock();
         if let Some((kind, why)) = &state.broken {
             let error = broken(*kind, why);
@@ -185,7 +185,7 @@ impl Shared {
 /// Cuts the buffer back to `keep` bytes when dropped: a command whose writing panicked
 /// is taken back, so that half of it never goes out (the lock is taken over after a
 /// panic, see [`Shared::lock`]).
-struct Whole<'a> {
+pub(super) struct Whole<'a> {
     out: &'a mut Vec<u8>,
     keep: usize,
 }
@@ -196,16 +196,16 @@ impl Drop for Whole<'_> {
     }
 }
 
-fn broken(kind: io::ErrorKind, why: &str) -> RedisError {
+pub(super) fn broken(kind: io::ErrorKind, why: &str) -> RedisError {
     RedisError::from(io::Error::new(kind, why.to_owned()))
 }
 
-fn gone() -> RedisError {
+pub(super) fn gone() -> RedisError {
     broken(io::ErrorKind::BrokenPipe, "the redis connection stopped")
 }
 
 impl Connection {
-    fn start(stream: TcpStream, db: i64) -> Connection {
+    pub(super) fn start(stream: TcpStream, db: i64) -> Connection {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             stopped: AtomicBool::new(false),
@@ -217,11 +217,11 @@ impl Connection {
         }
     }
 
-    async fn request_many(&self, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
+    pub(super) async fn request_many(&self, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
         self.request_pipeline(pipeline, 0, pipeline.len()).await
     }
 
-    fn request_pipeline(
+    pub(super) fn request_pipeline(
         &self,
         pipeline: &Pipeline,
         skip: usize,
@@ -281,7 +281,7 @@ impl redis::aio::ConnectionLike for Connection {
 /// The connection's task: writes what callers queued, reads replies and hands each to
 /// the oldest waiter. When it stops (the transport broke, or every handle is gone), it
 /// fails whatever still waits.
-async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
+pub(super) async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
     let why = run(&shared, &mut stream).await;
     shared.stopped.store(true, Ordering::Relaxed);
     let mut state = shared.lock();
@@ -299,7 +299,7 @@ async fn drive(shared: Arc<Shared>, mut stream: TcpStream) {
 /// Runs the connection until it breaks (or closes: then the error says so, and nobody
 /// reads it). Reads go on while a write waits for room, as they must: a server may stop
 /// reading commands while its replies are not read.
-async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
+pub(super) async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
     let (mut rd, wr) = stream.split();
     let mut input = BytesMut::with_capacity(BUFFER);
     // Commands being written: `output[written..]` has yet to go out.
@@ -359,11 +359,11 @@ async fn run(shared: &Shared, stream: &mut TcpStream) -> io::Error {
 }
 
 /// The read buffer's size, and what a buffer may keep between batches.
-const BUFFER: usize = 16 * 1024;
-const KEEP: usize = 64 * 1024;
+pub(super) const BUFFER: usize = 16 * 1024;
+pub(super) const KEEP: usize = 64 * 1024;
 
 /// Hands every whole reply at the front of `input` to its waiter.
-fn deliver(shared: &Shared, input: &mut BytesMut) -> Result<(), io::Error> {
+pub(super) fn deliver(shared: &Shared, input: &mut BytesMut) -> Result<(), io::Error> {
     let mut state = shared.lock();
     while let Some((value, used)) = parse(input)? {
         input.advance(used);
@@ -393,7 +393,7 @@ fn deliver(shared: &Shared, input: &mut BytesMut) -> Result<(), io::Error> {
     Ok(())
 }
 
-fn out_of_step(why: &str) -> io::Error {
+pub(super) fn out_of_step(why: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!("unreadable reply from redis: {why}"),
@@ -401,15 +401,15 @@ fn out_of_step(why: &str) -> io::Error {
 }
 
 /// Nesting deeper than this is not a reply the store asks for.
-const MAX_DEPTH: u8 = 8;
+pub(super) const MAX_DEPTH: u8 = 8;
 
 /// Reads one RESP2 reply from the front of `buf`: the value and the bytes it took, or
 /// `None` while part of it has yet to arrive.
-fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, io::Error> {
+pub(super) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, io::Error> {
     value_at(buf, 0, 0)
 }
 
-fn value_at(buf: &[u8], at: usize, depth: u8) -> Result<Option<(Value, usize)>, io::Error> {
+pub(super) fn value_at(buf: &[u8], at: usize, depth: u8) -> Result<Option<(Value, usize)>, io::Error> {
     let Some(end) = line_end(buf, at)? else {
         return Ok(None);
     };
@@ -462,7 +462,7 @@ fn value_at(buf: &[u8], at: usize, depth: u8) -> Result<Option<(Value, usize)>, 
 }
 
 /// Where the line starting at `at` ends (its `\r`), once all of it has arrived.
-fn line_end(buf: &[u8], at: usize) -> Result<Option<usize>, io::Error> {
+pub(super) fn line_end(buf: &[u8], at: usize) -> Result<Option<usize>, io::Error> {
     let from = at + 1;
     let Some(nl) = buf.get(from..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) else {
         return Ok(None);
@@ -474,7 +474,7 @@ fn line_end(buf: &[u8], at: usize) -> Result<Option<usize>, io::Error> {
     Ok(Some(nl - 1))
 }
 
-fn integer(digits: &[u8]) -> Result<i64, io::Error> {
+pub(super) fn integer(digits: &[u8]) -> Result<i64, io::Error> {
     std::str::from_utf8(digits)
         .ok()
         .and_then(|s| s.parse().ok())

@@ -5,24 +5,13 @@
 //! and no second copy to frame it (redis-rs's packing was about 950 instructions per
 //! call in callgrind, the largest item of a Redis call on the gateway's side).
 
-use std::io;
-
-use deadpool_redis::redis::{Cmd, RedisWrite as _};
-
-/// A value written by a function (a marker), into whatever buffer the command is built in.
-pub(super) type Writer<'a> = &'a (dyn Fn(&mut dyn io::Write) + Sync);
+use deadpool_redis::redis::Cmd;
 
 /// One argument.
 #[derive(Clone, Copy)]
 pub(super) enum Arg<'a> {
     Bytes(&'a [u8]),
     Int(u64),
-    /// Written by `write`, about `about` bytes long (room is made for that many; a value
-    /// of another length is framed right all the same, at the cost of a move).
-    With {
-        about: usize,
-        write: Writer<'a>,
-    },
 }
 
 impl<'a> From<&'a str> for Arg<'a> {
@@ -51,7 +40,6 @@ impl Command<'_> {
             match *arg {
                 Arg::Bytes(bytes) => bulk(out, bytes),
                 Arg::Int(n) => bulk(out, itoa::Buffer::new().format(n).as_bytes()),
-                Arg::With { about, write } => bulk_with(out, about, write),
             }
         }
     }
@@ -70,14 +58,13 @@ impl Command<'_> {
                 Arg::Int(n) => {
                     cmd.arg(n);
                 }
-                Arg::With { write, .. } => write(&mut cmd.writer_for_next_arg()),
             }
         }
         cmd
     }
 
     /// About the bytes of the arguments, and their framing.
-    fn size(self) -> usize {
+    pub(super) fn size(self) -> usize {
         let words: usize = self.lead.iter().map(|w| w.len()).sum();
         let args: usize = self
             .args
@@ -85,7 +72,6 @@ impl Command<'_> {
             .map(|a| match a {
                 Arg::Bytes(bytes) => bytes.len(),
                 Arg::Int(_) => 20,
-                Arg::With { about, .. } => *about,
             })
             .sum();
         words + args + 16 * (self.lead.len() + self.args.len() + 1)
@@ -96,7 +82,7 @@ impl Command<'_> {
 /// two digits: those are written as one small array, which the compiler copies inline
 /// (the general way cost 77 instructions a header in callgrind, 16 headers a request).
 #[inline]
-fn frame(out: &mut Vec<u8>, kind: u8, n: usize) {
+pub(super) fn frame(out: &mut Vec<u8>, kind: u8, n: usize) {
     // The casts keep what the bounds allow: a digit.
     match n {
         0..10 => out.extend_from_slice(&[kind, b'0' + n as u8, b'\r', b'\n']),
@@ -110,25 +96,9 @@ fn frame(out: &mut Vec<u8>, kind: u8, n: usize) {
 }
 
 #[inline]
-fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(super) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     frame(out, b'$', bytes.len());
     out.extend_from_slice(bytes);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// A bulk string written by `write` in place, its header written first with the length
-/// `about`, and corrected once the real length is known (in place when it has as many
-/// digits; else the value moves).
-fn bulk_with(out: &mut Vec<u8>, about: usize, write: Writer<'_>) {
-    let start = out.len();
-    frame(out, b'$', about);
-    let body = out.len();
-    write(out);
-    let len = out.len() - body;
-    if len != about {
-        let mut digits = itoa::Buffer::new();
-        out.splice(start + 1..body - 2, digits.format(len).bytes());
-    }
     out.extend_from_slice(b"\r\n");
 }
 
@@ -161,22 +131,12 @@ mod tests {
     }
 
     #[test]
-    fn both_forms_carry_the_same_arguments_whatever_the_length_guess() {
+    fn both_forms_carry_the_same_arguments() {
         let long = "x".repeat(1_234);
-        for (value, about) in [
-            ("", 0),
-            ("", 5),
-            ("abc", 3),
-            ("abc", 7),         // guessed longer, same digits
-            ("abc", 40),        // guessed longer, more digits
-            ("abcdefghijk", 5), // guessed shorter, fewer digits
-            (long.as_str(), 100),
-            (long.as_str(), 100_000),
-        ] {
-            let write = |out: &mut dyn io::Write| out.write_all(value.as_bytes()).expect("a Vec takes it");
+        for value in ["", "abc", long.as_str()] {
             let args = [
                 Arg::from("key\r\n"),
-                Arg::With { about, write: &write },
+                Arg::Bytes(value.as_bytes()),
                 Arg::Int(u64::MAX),
                 Arg::Bytes(b""),
             ];
@@ -191,10 +151,10 @@ mod tests {
                 .iter()
                 .map(|s| s.as_bytes().to_vec())
                 .collect();
-            assert_eq!(read_back(&ours[earlier..]), expected, "{value:?} about {about}");
+            assert_eq!(read_back(&ours[earlier..]), expected, "{value:?}");
             let mut theirs = Vec::new();
             command.to_cmd().write_packed_command(&mut theirs);
-            assert_eq!(&ours[earlier..], &theirs[..], "{value:?} about {about}");
+            assert_eq!(&ours[earlier..], &theirs[..], "{value:?}");
         }
     }
 }

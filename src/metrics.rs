@@ -1,4 +1,4 @@
-//! Prometheus metrics, named as SPEC.md names them, with bounded labels only (route,
+//! Prometheus metrics, named as the README's metrics table names them, with bounded labels only (route,
 //! outcome, class, op; never a key or a path). Per-route handles are resolved once when
 //! routes are built, so counting a request is an atomic add, not a map lookup.
 

@@ -58,7 +58,7 @@ pub enum Start<F> {
 
 /// Runs one keyed request through the state machine.
 ///
-/// Everything from the claim on is a future that nobody can cancel (SPEC: a sender
+/// Everything from the claim on is a future that nobody can cancel (a sender
 /// that hangs up, or resets its h2 stream, even while the claim is on its way to the
 /// store, must never leave a marker nobody owns nor cancel the upstream call). It runs
 /// in the request's own task while the sender waits, which costs no spawn and no

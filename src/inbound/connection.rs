@@ -1,5 +1,5 @@
 //! One client connection: tells HTTP/1.1 from h2c, serves it, and bounds slow and idle
-//! clients (SPEC `[server]`): a connection that says nothing is closed after
+//! clients (`[server]`): a connection that says nothing is closed after
 //! `idle_timeout`; once its first byte is in, a request head must be complete within
 //! `header_timeout` (hyper's header timer on HTTP/1; on h2c, a header block left open
 //! that long closes the connection); a connection carrying no request is closed after

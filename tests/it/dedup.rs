@@ -1,4 +1,4 @@
-//! The state machine through real HTTP: every row of SPEC.md's behaviour tables that
+//! The state machine through real HTTP: every row of the README's behaviour tables that
 //! concerns claims, duplicates and in-flight requests.
 
 use std::collections::HashMap;

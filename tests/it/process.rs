@@ -155,7 +155,7 @@ fn store_cfg(lines: &[&str]) -> String {
         .toml("http://127.0.0.1:9")
 }
 
-/// SPEC's `[store]` template, with the backend switched and the other backend's
+/// The README's `[store]` template, with the backend switched and the other backend's
 /// settings left in: the sizing ones are ignored with a warning, an address is not.
 #[test]
 fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_refused() {

@@ -866,7 +866,7 @@ async fn a_dead_cluster_node_is_logged_once_per_request_not_per_reconnect() {
 
 /// A cluster serving on with a node down (`cluster-require-full-coverage no`): the
 /// gateway stays ready whichever node it is, since the others' keys still take writes
-/// (SPEC: `/readyz` turns 503 "while every store write fails"); with every node down
+/// (`/readyz` turns 503 only while every store write fails); with every node down
 /// it is not ready.
 #[tokio::test]
 async fn a_cluster_with_a_node_down_stays_ready_and_with_all_down_is_not() {

@@ -406,7 +406,7 @@ impl Store for RedisStore {
     /// rather than `SET` and `DEL` keep it apart from the claims in `INFO commandstats`.
     /// Ready while some write lands: in a cluster with a node down (and
     /// `cluster-require-full-coverage no`), the other nodes' keys still work, and
-    /// SPEC has `/readyz` turn 503 only "while every store write fails".
+    /// `/readyz` turns 503 only while every store write fails.
     async fn ping(&self) -> Result<(), StoreError> {
         if let Some(why) = self.unusable.get() {
             return Err(StoreError::Unavailable(why.clone()));

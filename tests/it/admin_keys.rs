@@ -10,8 +10,9 @@ use http::Method;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::process::{GatewayProcess, TempFile};
+use crate::process::GatewayProcess;
 use crate::servers::RedisServer;
+use crate::support::TempFile;
 use crate::support::{Cfg, Client, Gate, Reply, Resp, TestGateway, Upstream, msg};
 
 fn json(r: &Resp) -> Value {

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use crate::process::TempFile;
+use crate::support::TempFile;
 use crate::support::{Cfg, PATIENCE};
 
 #[test]

@@ -2,85 +2,30 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use crate::support::{Cfg, Client, Gate, Upstream, msg, within};
-
-const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
-
-/// A file in a fresh temporary directory, removed with the value.
-pub struct TempFile(pub PathBuf);
-
-impl TempFile {
-    pub fn new(name: &str, contents: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "dedup-gateway-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join(name);
-        std::fs::write(&path, contents).expect("write temp file");
-        TempFile(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
-pub(crate) fn run(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("DEDUP_GATEWAY_CONFIG")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dedup-gateway");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("wait")
-}
-
-pub(crate) fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::{
+    BIN, Cfg, Client, Gate, TempFile, Upstream, assert_contains_each, check_accepts, check_refuses, msg, run, text,
+    within,
+};
 
 #[test]
 fn check_accepts_the_shipped_gateway_toml_and_prints_its_routes() {
-    let out = run(&["check", "--config", "gateway.toml"], "");
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
-    assert!(
-        stdout.contains("route \"bot\": /api/v1/webhook -> http://127.0.0.1:5000"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("key = [json:/msgId, json:/data/msgId, json:/eventId]"),
-        "{stdout}"
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")).expect("gateway.toml");
+    assert_contains_each(
+        &check_accepts(&shipped),
+        &[
+            "route \"bot\": /api/v1/webhook -> http://127.0.0.1:5000",
+            "key = [json:/msgId, json:/data/msgId, json:/eventId]",
+        ],
     );
 }
 
 #[test]
 fn check_reports_every_problem_with_its_key_path_and_exits_1() {
-    let bad = TempFile::new(
-        "bad.toml",
+    let stderr = check_refuses(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -96,17 +41,15 @@ completed_ttl = "24 hours please"
 processing_ttl = "20s"
 "#,
     );
-    let out = run(&["check", "--config", bad.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
-    for expected in [
-        "server.header_timout: unknown key (did you mean \"header_timeout\"?)",
-        "routes[0].key[1]: unknown source \"jsn:/msgId\" (expected json:, xml:, header:, query:, form:, body)",
-        "routes[0].completed_ttl: invalid duration \"24 hours please\"",
-        "routes[0].processing_ttl: 20s must exceed upstream_timeout (25s) + 4 x store.timeout (250ms) = 26s",
-    ] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
-    }
+    assert_contains_each(
+        &stderr,
+        &[
+            "server.header_timout: unknown key (did you mean \"header_timeout\"?)",
+            "routes[0].key[1]: unknown source \"jsn:/msgId\" (expected json:, xml:, header:, query:, form:, body)",
+            "routes[0].completed_ttl: invalid duration \"24 hours please\"",
+            "routes[0].processing_ttl: 20s must exceed upstream_timeout (25s) + 4 x store.timeout (250ms) = 26s",
+        ],
+    );
 }
 
 /// The marker must outlive a claim and its re-read, the upstream call, and a complete
@@ -120,31 +63,14 @@ fn processing_ttl_must_cover_four_store_calls_besides_the_upstream() {
             .route(&format!("processing_ttl = \"{ttl}\""))
             .toml("http://127.0.0.1:9")
     };
-    let tight = TempFile::new("tight.toml", &cfg("28s"));
-    let out = run(&["check", "--config", tight.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    assert!(
-        text(&out.stderr).contains("28s must exceed upstream_timeout (25s) + 4 x store.timeout (1s) = 29s"),
-        "{}",
-        text(&out.stderr)
+    assert_contains_each(
+        &check_refuses(&cfg("28s")),
+        &["28s must exceed upstream_timeout (25s) + 4 x store.timeout (1s) = 29s"],
     );
-    let enough = TempFile::new("enough.toml", &cfg("30s"));
-    let out = run(&["check", "--config", enough.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("processing_ttl 30s (> 29s = upstream_timeout + 4 x store.timeout)"),
-        "{}",
-        text(&out.stdout)
+    assert_contains_each(
+        &check_accepts(&cfg("30s")),
+        &["processing_ttl 30s (> 29s = upstream_timeout + 4 x store.timeout)"],
     );
-}
-
-/// Runs `check` on `toml`, which it must refuse (exit 1); its stderr.
-fn check_refuses(toml: &str) -> String {
-    let config = TempFile::new("gateway.toml", toml);
-    let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    stderr
 }
 
 /// A config whose `[store]` has these lines.
@@ -159,35 +85,26 @@ fn store_cfg(lines: &[&str]) -> String {
 /// settings left in: the sizing ones are ignored with a warning, an address is not.
 #[test]
 fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_refused() {
-    let redis = TempFile::new(
-        "redis.toml",
-        &store_cfg(&[
-            "backend = \"redis\"",
-            "url = \"redis://127.0.0.1:6379/0\"",
-            "max_entries = 1_000_000",
-            "max_bytes = \"256MiB\"",
-        ]),
+    let redis = store_cfg(&[
+        "backend = \"redis\"",
+        "url = \"redis://127.0.0.1:6379/0\"",
+        "max_entries = 1_000_000",
+        "max_bytes = \"256MiB\"",
+    ]);
+    assert_contains_each(
+        &check_accepts(&redis),
+        &[
+            "warning: store.max_entries: ignored: only applies to backend = \"memory\"",
+            "warning: store.max_bytes: ignored: only applies to backend = \"memory\"",
+        ],
     );
-    let out = run(&["check", "--config", redis.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    for expected in [
-        "warning: store.max_entries: ignored: only applies to backend = \"memory\"",
-        "warning: store.max_bytes: ignored: only applies to backend = \"memory\"",
-    ] {
-        assert!(
-            text(&out.stdout).contains(expected),
-            "{expected:?} in:\n{}",
-            text(&out.stdout)
-        );
-    }
-    let memory = TempFile::new("memory.toml", &store_cfg(&["pool_size = 32"]));
-    let out = run(&["check", "--config", memory.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("warning: store.pool_size: ignored"));
-    let errors = check_refuses(&store_cfg(&["url = \"redis://127.0.0.1:6379/0\""]));
-    assert!(
-        errors.contains("store.url: only applies to backend = \"redis\""),
-        "{errors}"
+    assert_contains_each(
+        &check_accepts(&store_cfg(&["pool_size = 32"])),
+        &["warning: store.pool_size: ignored"],
+    );
+    assert_contains_each(
+        &check_refuses(&store_cfg(&["url = \"redis://127.0.0.1:6379/0\""])),
+        &["store.url: only applies to backend = \"redis\""],
     );
 }
 
@@ -195,14 +112,7 @@ fn settings_of_the_other_store_backend_warn_and_a_redis_address_on_memory_is_ref
 /// file cut short or mounted empty, where every request would get 404: `check` says so.
 #[test]
 fn a_config_without_routes_is_warned_about() {
-    let empty = TempFile::new("empty.toml", "");
-    let out = run(&["check", "--config", empty.0.to_str().expect("path")], "");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("warning: routes: none: every request gets 404"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert_contains_each(&check_accepts(""), &["warning: routes: none: every request gets 404"]);
     let shipped = run(&["check", "--config", "gateway.toml"], "");
     assert!(
         !text(&shipped.stdout).contains("warning: routes"),

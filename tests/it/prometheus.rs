@@ -12,8 +12,8 @@ use std::time::Duration;
 use http::Method;
 use serde_json::Value;
 
-use crate::process::TempFile;
 use crate::servers::free_port;
+use crate::support::TempFile;
 use crate::support::{Cfg, Client, PATIENCE, TestGateway, Upstream, msg};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");

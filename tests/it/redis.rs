@@ -747,7 +747,7 @@ async fn starts_not_ready_without_redis_refuses_a_wrong_password_and_warns_about
     let locked = RedisServer::start().await;
     locked.cli(&["CONFIG", "SET", "requirepass", "right"]);
     let wrong = format!("redis://:wrong@127.0.0.1:{}/0", locked.port);
-    let cfg = crate::process::TempFile::new("g.toml", &redis_cfg(&wrong).toml("http://127.0.0.1:9"));
+    let cfg = crate::support::TempFile::new("g.toml", &redis_cfg(&wrong).toml("http://127.0.0.1:9"));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-gateway"))
         .arg("--config")
         .arg(&cfg.0)

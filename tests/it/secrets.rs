@@ -5,11 +5,11 @@
 
 use std::process::{Command, Output};
 
-use crate::process::{GatewayProcess, TempFile};
+use crate::process::GatewayProcess;
 use crate::servers::{RedisCluster, RedisServer};
+use crate::support::{BIN, TempFile};
 use crate::support::{Cfg, Client, Upstream, msg};
 
-const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
 const PASSWORD: &str = "s3cr3t-Pa55w0rd";
 const ENV: &str = "DEDUP_TEST_REDIS_URL";
 

@@ -2,8 +2,8 @@
 //! config mistakes name the key (never the secret), and `key` verifies and decrypts
 //! offline.
 
-use crate::process::{TempFile, run, text};
 use crate::signing as s;
+use crate::support::{TempFile, assert_contains_each, run, text};
 
 const GITHUB_SECRET: &str = "gh-secret-never-printed-7f3a";
 
@@ -33,17 +33,18 @@ secret = "{GITHUB_SECRET}"
     let out = run(&["check", "--config", file.0.to_str().expect("path")], "");
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stderr}");
-    for expected in [
-        "preset slack (filled in: key, in_flight_wait, duplicate_status, duplicate_body, duplicate_content_type)",
-        "key = [json:/event_id]",
-        "warning: completed_ttl 5m is shorter than slack's retry horizon (6m)",
-        "warning: unverified: slack signs its deliveries but no secret is configured",
-        "preset github (filled in: key, completed_ttl, in_flight_wait, duplicate_status, duplicate_body, duplicate_content_type)",
-        "signature: X-Hub-Signature-256 (HMAC-SHA256); secret set, aes_key not set, app_id not set",
-        "duplicate answer: 200 \"\"",
-    ] {
-        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
-    }
+    assert_contains_each(
+        &stdout,
+        &[
+            "preset slack (filled in: key, in_flight_wait, duplicate_status, duplicate_body, duplicate_content_type)",
+            "key = [json:/event_id]",
+            "warning: completed_ttl 5m is shorter than slack's retry horizon (6m)",
+            "warning: unverified: slack signs its deliveries but no secret is configured",
+            "preset github (filled in: key, completed_ttl, in_flight_wait, duplicate_status, duplicate_body, duplicate_content_type)",
+            "signature: X-Hub-Signature-256 (HMAC-SHA256); secret set, aes_key not set, app_id not set",
+            "duplicate answer: 200 \"\"",
+        ],
+    );
     assert!(!stdout.contains("warning: unverified: github"), "{stdout}");
     assert!(!stdout.contains(GITHUB_SECRET) && !stderr.contains(GITHUB_SECRET));
 }
@@ -97,16 +98,17 @@ preset = "slak"
     let out = run(&["check", "--config", file.0.to_str().expect("path")], "");
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    for expected in [
-        "routes[0].secret_env: environment variable \"DEDUP_GATEWAY_TEST_NEVER_SET\" is not set",
-        "routes[1].secret: not used by preset \"wkteam\" (it sends no signature",
-        "routes[2].aes_key: must be the 43-character EncodingAESKey",
-        "routes[3].secret: needs a preset",
-        "routes[4].aes_key: required: WeCom callbacks are always encrypted",
-        "routes[5].preset: unknown preset \"slak\" (expected \"wechat-mp\", \"wecom\"",
-    ] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
-    }
+    assert_contains_each(
+        &stderr,
+        &[
+            "routes[0].secret_env: environment variable \"DEDUP_GATEWAY_TEST_NEVER_SET\" is not set",
+            "routes[1].secret: not used by preset \"wkteam\" (it sends no signature",
+            "routes[2].aes_key: must be the 43-character EncodingAESKey",
+            "routes[3].secret: needs a preset",
+            "routes[4].aes_key: required: WeCom callbacks are always encrypted",
+            "routes[5].preset: unknown preset \"slak\" (expected \"wechat-mp\", \"wecom\"",
+        ],
+    );
     assert!(!stderr.contains("never-printed"), "{stderr}");
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::process::TempFile;
+use crate::support::TempFile;
 use crate::support::within;
 
 fn require(binary: &str) {

@@ -3,7 +3,10 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -557,5 +560,85 @@ pub fn await_close_delivered(local: SocketAddr, remote: SocketAddr) {
             "the close of {remote} never reached {local} (state {state:?})"
         );
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+// ---------------------------------------------------------------- the binary
+
+/// The gateway binary, for tests that run it as users do.
+pub const BIN: &str = env!("CARGO_BIN_EXE_dedup-gateway");
+
+/// A file in a fresh temporary directory, removed with the value.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str, contents: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "dedup-gateway-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, contents).expect("write temp file");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Runs the binary with `args` and `stdin`, from the repository's root.
+pub fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("DEDUP_GATEWAY_CONFIG")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dedup-gateway");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `check --config <toml>`, which must accept it: its stdout.
+pub fn check_accepts(toml: &str) -> String {
+    let config = TempFile::new("gateway.toml", toml);
+    let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Runs `check` on `toml`, which it must refuse (exit 1); its stderr.
+pub fn check_refuses(toml: &str) -> String {
+    let config = TempFile::new("gateway.toml", toml);
+    let out = run(&["check", "--config", config.0.to_str().expect("path")], "");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
+/// Asserts that `output` contains each of `expected`, naming the first it lacks.
+pub fn assert_contains_each(output: &str, expected: &[&str]) {
+    for line in expected {
+        assert!(output.contains(line), "missing {line:?} in:\n{output}");
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! The same byte stream, arriving in reads split where the fuzzer says, is served by
 //! hyper's HTTP/1 server alone and by hyper behind `FramingGuard` (the prefix handed
-//! over as `server.rs` does: the first read). A service records each request's
+//! over as the listener does: the first read). A service records each request's
 //! method, target, version, headers and body. Both must see the same requests, except
 //! that where the guard breaks a head framed by both Content-Length and
 //! Transfer-Encoding, guarded hyper stops before that request and answers 400.
@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::Bytes;
-use dedup_gateway::framing::{FramingGuard, Verdict};
+use dedup_gateway::inbound::guard::{FramingGuard, Verdict};
 use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
@@ -232,7 +232,7 @@ fuzz_target!(|data: &[u8]| {
     wire.0.borrow_mut().pieces = script.clone();
     let alone = serve(wire.clone(), &wire);
 
-    // hyper behind the guard; the first read is the prefix, as server.rs sniffs it.
+    // hyper behind the guard; the first read is the prefix, as the listener sniffs it.
     let wire = Conn::default();
     let mut rest = script;
     let prefix = Bytes::from(rest.pop_front().unwrap_or_default());

@@ -148,3 +148,45 @@ framing("trailer_with_bare_lf", b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked
 framing("head_body_and_next_in_one_read_after_split", post("/a", b"0123456789") + post("/b", b"x"), (10, 255, 2))
 framing("many_headers", b"GET /a HTTP/1.1\r\n" + b"A: b\r\n" * 99 + b"\r\n" + get)
 framing("method_and_target_oddities", b"M-SEARCH * HTTP/1.1\r\n\r\nOPTIONS * HTTP/1.1\r\n\r\nget /lower HTTP/1.1\r\n\r\n")
+
+
+# ------------------------------------------------------------------ client_vs_hyper
+# Byte 0: bit 0 = the request was a HEAD, bits 4..8 = how many read sizes follow.
+def client(name, stream, sizes=(), head=False):
+    assert len(sizes) < 16
+    write("client_vs_hyper", name, bytes([len(sizes) << 4 | int(head)]) + bytes(s - 1 for s in sizes) + stream)
+
+
+OK_JSON = b'{"reply":"ok"}'
+client("ok_with_length", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n" + OK_JSON)
+client("ok_split_every_byte", b"HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n" + OK_JSON, (1,))
+client("chunked_with_trailers", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n", (3, 7))
+client("chunked_and_length", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+client("close_delimited", b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nto the end")
+client("http10_keep_alive", b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok")
+client("connection_close", b"HTTP/1.1 200 OK\r\nConnection: close, x-hop\r\nX-Hop: 1\r\nContent-Length: 2\r\n\r\nok")
+client("continue_then_answer", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 413 Too Big\r\nContent-Length: 0\r\n\r\n")
+client("no_content", b"HTTP/1.1 204 No Content\r\n\r\n")
+client("head_answer", b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", head=True)
+client("conflicting_lengths", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc")
+client("length_list", b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok")
+client("extra_bytes_after", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n\r\n")
+client("cut_short", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+client("bad_chunk", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+client("custom_reason", b"HTTP/1.1 202 Queued For Later\r\nContent-Length: 0\r\n\r\n")
+client("gzip_then_close", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxyz")
+client("switching_protocols", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n")
+
+
+# ------------------------------------------------------------------ resp_vs_redis_rs
+# Byte 0: how many read sizes follow (mod 16); then the replies.
+def resp(name, stream, sizes=()):
+    write("resp_vs_redis_rs", name, bytes([len(sizes)]) + bytes(s - 1 for s in sizes) + stream)
+
+
+resp("claim_replies", b"$-1\r\n$80\r\n" + b'{"state":"processing","token":"0123456789abcdef0123456789abcdef","first_seen_ms":1}' [:80] + b"\r\n")
+resp("script_and_ints", b":1\r\n:0\r\n:-1\r\n+OK\r\n+QUEUED\r\n", (2, 5))
+resp("inspect_reply", b"*2\r\n$14\r\n{\"state\":\"x\"}\r\n:1500\r\n*2\r\n$-1\r\n:-2\r\n")
+resp("errors", b"-NOSCRIPT No matching script.\r\n-READONLY You can't write against a read only replica.\r\n-MOVED 3999 127.0.0.1:6381\r\n")
+resp("nested_and_nil_array", b"*2\r\n*1\r\n$0\r\n\r\n*-1\r\n*0\r\n", (1,))
+resp("binary_bulk", b"$6\r\n\r\n\x00\xff\r\n\r\n")

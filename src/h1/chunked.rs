@@ -7,15 +7,17 @@
 use super::{CHUNK_EXTENSIONS_LIMIT, Invalid, MAX_HEADERS, TRAILER_LIMIT};
 
 /// Where a chunked body's decoder stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunked {
     state: State,
     /// The chunk size being read, then the chunk bytes left.
     size: u64,
     /// Extension bytes seen in this body.
     extensions: u64,
-    /// Trailer bytes hyper buffers (`None` until the first trailer byte).
-    trailer_bytes: Option<usize>,
+    /// The trailer section as hyper buffers it (`None` until its first byte), to be
+    /// parsed at the end of the body as hyper parses it: rare, and at most
+    /// [`TRAILER_LIMIT`] bytes.
+    trailer: Option<Vec<u8>>,
     trailers: usize,
 }
 
@@ -58,7 +60,7 @@ impl Chunked {
             state: State::Start,
             size: 0,
             extensions: 0,
-            trailer_bytes: None,
+            trailer: None,
             trailers: 0,
         }
     }
@@ -79,6 +81,7 @@ impl Chunked {
         }
         for (i, &b) in input.iter().enumerate() {
             if self.step(b)? {
+                self.check_trailers()?;
                 return Ok(Piece::End(i + 1));
             }
             if self.state == State::Body {
@@ -123,7 +126,7 @@ impl Chunked {
             (BodyCr, b'\r') => BodyLf,
             (BodyLf, b'\n') => Start,
             (Trailer, _) => {
-                self.trailer_byte()?;
+                self.trailer_byte(b)?;
                 if b == b'\r' { TrailerLf } else { Trailer }
             }
             (TrailerLf, b'\n') => {
@@ -131,25 +134,25 @@ impl Chunked {
                     return Err(Invalid("too many trailer fields"));
                 }
                 self.trailers += 1;
-                self.trailer_byte()?;
+                self.trailer_byte(b)?;
                 EndCr
             }
             (EndCr, b'\r') => {
-                if self.trailer_bytes.is_some() {
-                    self.trailer_byte()?;
+                if self.trailer.is_some() {
+                    self.trailer_byte(b)?;
                 }
                 EndLf
             }
             (EndCr, _) => {
-                match self.trailer_bytes {
-                    None => self.trailer_bytes = Some(1),
-                    Some(_) => self.trailer_byte()?,
+                match &mut self.trailer {
+                    None => self.trailer = Some(vec![b]),
+                    Some(_) => self.trailer_byte(b)?,
                 }
                 Trailer
             }
             (EndLf, b'\n') => {
-                if self.trailer_bytes.is_some() {
-                    self.trailer_byte()?;
+                if self.trailer.is_some() {
+                    self.trailer_byte(b)?;
                 }
                 return Ok(true);
             }
@@ -163,14 +166,35 @@ impl Chunked {
         Ok(false)
     }
 
-    /// Counts a trailer byte hyper buffers, failing at its limit as hyper does.
-    fn trailer_byte(&mut self) -> Result<(), Invalid> {
-        let n = self.trailer_bytes.unwrap_or_default() + 1;
-        self.trailer_bytes = Some(n);
-        if n >= TRAILER_LIMIT {
+    /// Keeps a trailer byte hyper buffers, failing at its limit as hyper does.
+    fn trailer_byte(&mut self, b: u8) -> Result<(), Invalid> {
+        let trailer = self.trailer.get_or_insert_with(Vec::new);
+        trailer.push(b);
+        if trailer.len() >= TRAILER_LIMIT {
             Err(Invalid("trailers too large"))
         } else {
             Ok(())
+        }
+    }
+
+    /// At the end of the body: the trailer section must parse as hyper's
+    /// `decode_trailers` parses it (httparse, then every name and value), or hyper fails
+    /// the body. The fields themselves are dropped: trailers are not passed on.
+    fn check_trailers(&mut self) -> Result<(), Invalid> {
+        let Some(trailer) = self.trailer.take() else {
+            return Ok(());
+        };
+        let mut fields = vec![httparse::EMPTY_HEADER; self.trailers];
+        match httparse::parse_headers(&trailer, &mut fields) {
+            Ok(httparse::Status::Complete((_, fields)))
+                if fields.iter().all(|f| {
+                    http::HeaderName::from_bytes(f.name.as_bytes()).is_ok()
+                        && http::HeaderValue::from_bytes(f.value).is_ok()
+                }) =>
+            {
+                Ok(())
+            }
+            _ => Err(Invalid("bad trailer field")),
         }
     }
 }
@@ -226,6 +250,23 @@ mod tests {
             b"1;a\n",
         ] {
             assert!(decode(wire, 64).is_err(), "{:?}", String::from_utf8_lossy(wire));
+        }
+    }
+
+    #[test]
+    fn trailers_are_parsed_as_hyper_parses_them() {
+        assert_eq!(decode(b"0\r\nX-T: 1\r\nY: 2\r\n\r\n", 3).map(|(_, end)| end), Ok(true));
+        for bad in [
+            &b"0\r\nX(T: 1\r\n\r\n"[..],
+            b"0\r\nno colon\r\n\r\n",
+            b"0\r\nX: a\x7fb\r\n\r\n",
+        ] {
+            assert_eq!(
+                decode(bad, 64),
+                Err(Invalid("bad trailer field")),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

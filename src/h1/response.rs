@@ -84,11 +84,11 @@ pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>
                 h.value.len() as u32,
             );
         }
-        // A reason the sender would not get from the status alone is kept (hyper's
-        // server writes it back).
+        // A reason the sender would not get from the status alone (an empty one too) is
+        // kept, as hyper's client keeps it; hyper's server writes it back.
         let reason = parsed
             .reason
-            .filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason())
+            .filter(|r| Some(*r) != status.canonical_reason())
             .and_then(|r| hyper::ext::ReasonPhrase::try_from(r.as_bytes()).ok());
         let head = buf.split_to(len).freeze();
         let mut map = HeaderMap::with_capacity(count);

@@ -207,7 +207,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
 }
 
 /// Where in the stream the next byte is, in hyper's terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
     /// At (or inside) a request head.
     Head,

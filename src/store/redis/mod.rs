@@ -47,6 +47,13 @@ use crate::config::RedisTarget;
 use command::Arg;
 use connection::{Call, Connections, Connector, Failure};
 pub use probe::key_slot;
+
+/// The store's own RESP reader on `buf` (one reply, and the bytes it took; `None` while
+/// part of it has yet to arrive): for the `resp_vs_redis_rs` fuzz target.
+#[doc(hidden)]
+pub fn read_reply(buf: &[u8]) -> std::io::Result<Option<(redis::Value, usize)>> {
+    resp::parse(buf)
+}
 use probe::{Check, check_later, check_server, health_keys};
 use value::parse_marker;
 use waits::LocalWaits;

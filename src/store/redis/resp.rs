@@ -410,6 +410,9 @@ pub(super) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, io::Error> {
 }
 
 pub(super) fn value_at(buf: &[u8], at: usize, depth: u8) -> Result<Option<(Value, usize)>, io::Error> {
+    if buf.get(at).is_some_and(|kind| !b"+-:$*".contains(kind)) {
+        return Err(out_of_step("a reply type RESP2 does not have"));
+    }
     let Some(end) = line_end(buf, at)? else {
         return Ok(None);
     };
@@ -461,23 +464,25 @@ pub(super) fn value_at(buf: &[u8], at: usize, depth: u8) -> Result<Option<(Value
     Ok(Some((value, next)))
 }
 
-/// Where the line starting at `at` ends (its `\r`), once all of it has arrived.
+/// Where the line starting at `at` ends (its `\r`), once all of it has arrived: at the
+/// first CR LF, as redis-rs reads a line (a lone CR or LF is part of the line).
 pub(super) fn line_end(buf: &[u8], at: usize) -> Result<Option<usize>, io::Error> {
-    let from = at + 1;
-    let Some(nl) = buf.get(from..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) else {
-        return Ok(None);
-    };
-    let nl = from + nl;
-    if nl == from || buf[nl - 1] != b'\r' {
-        return Err(out_of_step("a line that does not end in CRLF"));
+    let mut from = at + 1;
+    while let Some(nl) = buf.get(from..).and_then(|rest| memchr::memchr(b'\n', rest)) {
+        let nl = from + nl;
+        if nl > at + 1 && buf[nl - 1] == b'\r' {
+            return Ok(Some(nl - 1));
+        }
+        from = nl + 1;
     }
-    Ok(Some(nl - 1))
+    Ok(None)
 }
 
+/// A number line, read as redis-rs reads it (white space around it allowed).
 pub(super) fn integer(digits: &[u8]) -> Result<i64, io::Error> {
     std::str::from_utf8(digits)
         .ok()
-        .and_then(|s| s.parse().ok())
+        .and_then(|s| s.trim().parse().ok())
         .ok_or_else(|| out_of_step("a number that is not one"))
 }
 

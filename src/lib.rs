@@ -3,26 +3,42 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: `gateway.toml` into validated types; every problem with its key path.
-//! - [`server`]: accept loop and the drain on shutdown; [`conn`]: one connection
-//!   (HTTP/1.1 or h2c) and its slow- and idle-client bounds.
-//! - [`framing`]: follows HTTP/1 request framing as hyper does; 400 for requests framed
-//!   by both Content-Length and Transfer-Encoding (or that hyper would refuse).
-//! - [`handler`]: one request: route, read body, derive key, hand to the state machine.
+//! The folders follow a request: in through [`inbound`], decided by [`dedup`], out
+//! through [`upstream`], with the markers in [`store`]. Imports run downhill, in this
+//! order from the top (`.ci/imports.py` checks that no two modules import each other,
+//! directly or round a cycle):
+//!
+//! - [`server`]: runs a gateway: store checks, the admin listener, the proxy listener.
+//! - [`admin`]: the admin listener (probes, metrics, `POST /reload` with
+//!   [`admin::reload`], the keys API in [`admin::keys`]) and the CLI's client of it.
+//! - [`inbound`]: the proxy listener and its workers ([`inbound::listener`]), one
+//!   connection (HTTP/1.1 or h2c) and its slow- and idle-client bounds
+//!   ([`inbound::connection`]), the HTTP/1 framing guard ([`inbound::guard`]).
+//! - [`handler`]: one request: route, read the body, check the sender, derive the key,
+//!   hand over to the state machine.
+//! - [`dedup`]: the state machine (claim -> forward -> complete | release; what a
+//!   request that finds its key claimed gets). `dedup/STATE_MACHINE.md` draws it.
+//! - [`answer`]: what a request is answered with when it is no error: the upstream's
+//!   response (also for requests nobody claims), or the route's duplicate answer.
+//! - [`error`]: the errors that end a request, and their one mapping to an answer.
+//! - [`gateway`]: the shared state of a running gateway (routes, store, metrics,
+//!   readiness, the owners' tasks).
+//! - [`upstream`]: what talks to the bot: the request rewrite
+//!   ([`upstream::rewrite`]), connections per worker ([`upstream::pool`]), the
+//!   HTTP/1.1 client ([`upstream::client`]).
 //! - [`routing`]: which route serves a path.
-//! - [`senders`]: sender presets, signature checks and decryption before the store.
-//! - [`dedup`]: the state machine (claim -> forward -> complete | release), its
-//!   policies, and key extraction ([`dedup::key`]).
-//! - [`store`]: the `Store` contract and its backends.
-//! - [`proxy`]: the upstream call and the request/response rewrite; [`pool`]: kept-alive
-//!   upstream connections per worker; [`client`]: HTTP/1.1 on one of them.
-//! - [`body`]: the body type and the limited read.
-//! - [`error`]: request-ending errors and their one mapping to an answer.
-//! - [`outcome`]: how a request ended (`x-dedup-status` and the metric label).
-//! - [`metrics`]: Prometheus metrics; [`admin`]: the admin listener (probes, metrics,
-//!   reload, the keys API and its client).
-//! - [`gateway`]: the shared state of a running gateway; [`shutdown`]: stop signals;
-//!   [`reload`]: SIGHUP / `POST /reload` config reloads.
+//! - [`store`]: the `Store` contract; [`store::memory`] and [`store::redis`].
+//! - [`config`]: `gateway.toml` into validated types, a file per section; every
+//!   problem with its key path.
+//! - [`senders`]: sender presets ([`senders::presets`], data), signature checks and
+//!   decryption, a file per scheme.
+//! - [`key`]: key sources (`json:`, `xml:`, `header:`, `query:`, `form:`, `body`,
+//!   composites) and the stored key.
+//! - [`h1`]: the HTTP/1 wire rules both sides share: hyper's limits, the chunked
+//!   decoder, hop-by-hop fields, the response reader.
+//! - [`body`]: the one body type and the limited reads; [`metrics`]: Prometheus
+//!   metrics; [`outcome`]: how a request ended (`x-dedup-status`, the metric label);
+//!   [`secret`]: secrets and their redaction; [`shutdown`]: stop signals.
 
 pub mod admin;
 pub mod answer;

@@ -2,8 +2,8 @@
 //! matchers and policies. Every problem is reported with its key path, all at once.
 //!
 //! Precedence per route setting: the route's own value, then `[defaults]`, then the
-//! built-in default (README: Configuration). One file per section: [`server`],
-//! [`store`], [`route`] (and `[defaults]`), with the typed reads they share in
+//! built-in default (README: Configuration). One file per section: `server.rs`,
+//! `store.rs`, `route.rs` (and `[defaults]`), with the typed reads they share in
 //! [`read`].
 
 pub mod cidr;

@@ -15,7 +15,7 @@ mod dingtalk;
 mod feishu;
 mod github;
 mod mac;
-mod presets;
+pub mod presets;
 mod shopify;
 mod slack;
 mod standard_webhooks;

@@ -13,16 +13,16 @@
 //! pipelined onto the socket and their replies matched in order), so a burst of claims
 //! costs one write and one read on each side instead of one per call. `pool_size` of
 //! them are used in turn. On a `redis://` URL they are the store's own lean connections
-//! ([`resp`]); on `rediss://` and in a cluster, redis-rs's. A connection is
+//! (`resp`); on `rediss://` and in a cluster, redis-rs's. A connection is
 //! dropped (and the next call connects afresh, to wherever the URL resolves now) when a
 //! call on it timed out or broke at the transport, or when Redis answered that it
-//! cannot take writes (a demoted primary after a failover): see [`Failure`]. One of the
+//! cannot take writes (a demoted primary after a failover): see `connection::Failure`. One of the
 //! store's own that broke while idle is replaced before a call is sent on it.
 //!
-//! Files by job: [`connection`] (lanes of connections, how a failed call is read),
-//! [`resp`] and [`command`] (the store's own RESP connection), [`probe`] (start-up
-//! checks, readiness keys), [`value`] (the stored value format), [`waits`] (waking
-//! waiters of this process), [`admin`] (inspect and forget for the admin API).
+//! Files by job: `connection` (lanes of connections, how a failed call is read),
+//! `resp` and `command` (the store's own RESP connection), `probe` (start-up
+//! checks, readiness keys), `value` (the stored value format), `waits` (waking
+//! waiters of this process), `admin` (inspect and forget for the admin API).
 
 mod admin;
 mod command;

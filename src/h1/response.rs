@@ -110,10 +110,7 @@ pub fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>
             }
         }
         let codings = hop.codings.as_ref().map(HeaderValue::as_bytes);
-        if version == Version::HTTP_10 && codings.is_some() {
-            return Err(Invalid("transfer-encoding in an HTTP/1.0 response"));
-        }
-        let (framing, length_known) = body_framing(&map, codings, status, head_request)?;
+        let (framing, length_known) = body_framing(&map, codings, version, status, head_request)?;
         let reusable = version == Version::HTTP_11 && length_known && !hop.close;
         if codings.is_some() {
             // RFC 9112 section 6.3: the length is not what the sender will get.
@@ -163,15 +160,20 @@ pub enum BodyFraming {
 
 /// The response body's framing (`codings`: the last Transfer-Encoding line), and
 /// whether its end is known without the connection closing (so the connection can
-/// carry another request).
+/// carry another request). An answer that has no body is not looked at further, as
+/// hyper's client does not.
 fn body_framing(
     headers: &HeaderMap,
     codings: Option<&[u8]>,
+    version: Version,
     status: StatusCode,
     head_request: bool,
 ) -> Result<(BodyFraming, bool), Invalid> {
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok((BodyFraming::Length(0), true));
+    }
+    if version == Version::HTTP_10 && codings.is_some() {
+        return Err(Invalid("transfer-encoding in an HTTP/1.0 response"));
     }
     if let Some(codings) = codings {
         // A Content-Length beside it is ignored, and the connection not reused.
@@ -391,7 +393,7 @@ mod tests {
                 map.append(*name, HeaderValue::from_static(value));
             }
             let codings = map.get_all(header::TRANSFER_ENCODING).iter().next_back();
-            let got = body_framing(&map, codings.map(HeaderValue::as_bytes), status, head)
+            let got = body_framing(&map, codings.map(HeaderValue::as_bytes), Version::HTTP_11, status, head)
                 .ok()
                 .map(|(f, reuse)| (kind(&f), reuse));
             assert_eq!(
@@ -400,6 +402,22 @@ mod tests {
                 "{fields:?} {status}"
             );
         }
+    }
+
+    #[test]
+    fn transfer_encoding_in_http_1_0_is_refused_only_where_a_body_follows() {
+        let mut map = HeaderMap::new();
+        map.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        let framing = |status, head| body_framing(&map, Some(b"chunked"), Version::HTTP_10, status, head);
+        assert!(framing(StatusCode::OK, false).is_err());
+        assert!(matches!(
+            framing(StatusCode::OK, true),
+            Ok((BodyFraming::Length(0), true))
+        ));
+        assert!(matches!(
+            framing(StatusCode::NO_CONTENT, false),
+            Ok((BodyFraming::Length(0), true))
+        ));
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub const MAX_HEAD: usize = 8192 + 4096 * 100;
 pub const CHUNK_EXTENSIONS_LIMIT: u64 = 16 * 1024;
 /// hyper's bound on trailer bytes.
 pub const TRAILER_LIMIT: usize = 16 * 1024;
+/// The largest `Content-Length` hyper accepts.
+pub const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
 
 /// Bytes that break the HTTP/1 framing of a message (a bad chunk, a head that is not
 /// one): what is wrong, in a few words.

@@ -13,7 +13,7 @@ use http_body::SizeHint;
 
 use super::chunked::{Chunked, Piece};
 use super::hop_by_hop::{is_hop_by_hop, other_names};
-use super::{Invalid, MAX_HEADERS, from_digits, is_chunked};
+use super::{Invalid, MAX_CONTENT_LENGTH, MAX_HEADERS, from_digits, is_chunked};
 
 /// A response head, ready to be answered with.
 #[derive(Debug)]
@@ -226,9 +226,10 @@ impl HopByHop {
     }
 }
 
-/// A response's Content-Length: the request side's digit rule, at most 19 digits.
+/// A response's Content-Length, as hyper's client reads it: digits (leading zeros
+/// allowed) without overflow, and at most hyper's largest length.
 fn content_length(digits: &[u8]) -> Option<u64> {
-    (digits.len() <= 19).then(|| from_digits(digits)).flatten()
+    from_digits(digits).filter(|n| *n <= MAX_CONTENT_LENGTH)
 }
 
 /// What the buffer yields next for a body.
@@ -402,6 +403,18 @@ mod tests {
                 "{fields:?} {status}"
             );
         }
+    }
+
+    #[test]
+    fn content_lengths_are_read_as_hyper_reads_them() {
+        assert_eq!(
+            content_length(b"000000000000000007605150745292293916"),
+            Some(7_605_150_745_292_293_916)
+        );
+        assert_eq!(content_length(b"18446744073709551613"), Some(u64::MAX - 2));
+        assert_eq!(content_length(b"18446744073709551614"), None);
+        assert_eq!(content_length(b"184467440737095516150"), None);
+        assert_eq!(content_length(b"+5"), None);
     }
 
     #[test]

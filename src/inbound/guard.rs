@@ -52,10 +52,8 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::h1::chunked::{Chunked, Piece};
-use crate::h1::{MAX_HEAD, MAX_HEADERS, from_digits, is_chunked};
+use crate::h1::{MAX_CONTENT_LENGTH, MAX_HEAD, MAX_HEADERS, from_digits, is_chunked};
 
-/// The largest `Content-Length` hyper accepts.
-const MAX_CONTENT_LENGTH: u64 = u64::MAX - 2;
 /// A held-back buffer larger than this is freed once empty.
 const KEEP_CAPACITY: usize = 16 * 1024;
 

@@ -329,6 +329,9 @@ fn print_route(out: &mut String, r: &RouteConfig, store_timeout: std::time::Dura
             set(s.has_aes_key),
             set(s.has_app_id)
         );
+        if let Some(modes) = s.modes() {
+            say!(out, "  accepts: {modes}");
+        }
         for warning in senders::warnings(s, p.completed_ttl) {
             say!(out, "  warning: {warning}");
         }
@@ -399,6 +402,9 @@ fn key(
     let verdict = match &route.sender {
         None => Verdict::Plain,
         Some(sender) => {
+            if let Some(mode) = sender.mode_of(&head) {
+                eprintln!("sent in {mode}");
+            }
             let now_ms = dedup_gateway::store::unix_ms();
             match sender.inspect(&head, &body, now_ms) {
                 Ok(verdict) if sender.is_verified() => {

@@ -105,6 +105,7 @@ pub(super) struct Settings {
     secret: Option<Configured<Secret>>,
     aes_key: Option<Configured<Secret>>,
     app_id: Option<Configured<String>>,
+    require_encryption: Option<Configured<bool>>,
 }
 
 /// A credential and the key path it came from (for problems; never the value).
@@ -165,6 +166,10 @@ impl Settings {
             app_id: s.string("app_id", problems).map(|id| Configured {
                 value: id.to_owned(),
                 path: s.path_of("app_id"),
+            }),
+            require_encryption: s.boolean("require_encryption", problems).map(|on| Configured {
+                value: on,
+                path: s.path_of("require_encryption"),
             }),
             upstream_timeout: positive(s, "upstream_timeout", problems),
             key: key_spec(s, problems),
@@ -272,9 +277,15 @@ fn sender(
     let secret = own.secret.clone().or_else(|| defaults.secret.clone());
     let aes_key = own.aes_key.clone().or_else(|| defaults.aes_key.clone());
     let app_id = own.app_id.clone().or_else(|| defaults.app_id.clone());
+    let require_encryption = own
+        .require_encryption
+        .clone()
+        .or_else(|| defaults.require_encryption.clone());
     let Some(preset) = preset else {
         let paths = [&secret, &aes_key].into_iter().flatten().map(|c| &c.path);
-        for path in paths.chain(app_id.as_ref().map(|c| &c.path)) {
+        let others = app_id.as_ref().map(|c| &c.path).into_iter();
+        let others = others.chain(require_encryption.as_ref().filter(|c| c.value).map(|c| &c.path));
+        for path in paths.chain(others) {
             problems.push(path, "needs a preset (the preset says how the sender signs)");
         }
         return None;
@@ -284,12 +295,14 @@ fn sender(
             Field::Secret => secret.as_ref().map(|c| c.path.clone()),
             Field::AesKey => aes_key.as_ref().map(|c| c.path.clone()),
             Field::AppId => app_id.as_ref().map(|c| c.path.clone()),
+            Field::RequireEncryption => require_encryption.as_ref().map(|c| c.path.clone()),
         };
         configured.unwrap_or_else(|| {
             s.path_of(match field {
                 Field::Secret => "secret",
                 Field::AesKey => "aes_key",
                 Field::AppId => "app_id",
+                Field::RequireEncryption => "require_encryption",
             })
         })
     };
@@ -297,6 +310,7 @@ fn sender(
         secret: secret.as_ref().map(|c| c.value.clone()),
         aes_key: aes_key.as_ref().map(|c| c.value.clone()),
         app_id: app_id.as_ref().map(|c| c.value.clone()),
+        require_encryption: require_encryption.as_ref().is_some_and(|c| c.value),
     };
     match Sender::new(preset, creds) {
         Ok(mut sender) => {

@@ -179,16 +179,38 @@ fn is_form(head: &http::request::Parts) -> bool {
         })
 }
 
-/// One entry of a route's `key` list: a source, or `a+b` parts that must all be present.
+/// One entry of a route's `key` list: a source, or `a+b` parts joined by `+`. Every
+/// part must yield a value, but for optional ones (`a+?b`): a `?b` that yields nothing
+/// is left out, with its `+`. At least one part is required.
 #[derive(Clone, Debug)]
 pub struct Alternative {
     text: String,
-    parts: Vec<Source>,
+    parts: Vec<Part>,
+}
+
+#[derive(Clone, Debug)]
+struct Part {
+    source: Source,
+    optional: bool,
 }
 
 impl Alternative {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let parts = text.split('+').map(Source::parse).collect::<Result<Vec<_>, _>>()?;
+        let parts = text
+            .split('+')
+            .map(|part| match part.strip_prefix('?') {
+                Some(source) => Source::parse(source).map(|source| Part { source, optional: true }),
+                None => Source::parse(part).map(|source| Part {
+                    source,
+                    optional: false,
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if parts.iter().all(|p| p.optional) {
+            return Err(format!(
+                "{text:?}: every part is optional (`?`); at least one must be required"
+            ));
+        }
         Ok(Alternative {
             text: text.to_owned(),
             parts,
@@ -197,12 +219,16 @@ impl Alternative {
 
     fn derive<'a>(&self, doc: &mut Doc<'a, '_>) -> Result<Cow<'a, str>, (usize, Miss)> {
         if let [single] = self.parts.as_slice() {
-            return single.extract(doc).map_err(|miss| (0, miss));
+            return single.source.extract(doc).map_err(|miss| (0, miss));
         }
         let mut joined = String::new();
         for (i, part) in self.parts.iter().enumerate() {
-            let value = part.extract(doc).map_err(|miss| (i, miss))?;
-            if i > 0 {
+            let value = match part.source.extract(doc) {
+                Ok(value) => value,
+                Err(miss) if part.optional && !miss.refuses() => continue,
+                Err(miss) => return Err((i, miss)),
+            };
+            if !joined.is_empty() {
                 joined.push('+');
             }
             joined.push_str(&value);
@@ -232,7 +258,7 @@ impl KeySpec {
     pub fn new(mut alternatives: Vec<Alternative>) -> Self {
         let mut xml_paths: Vec<XmlPath> = Vec::new();
         for part in alternatives.iter_mut().flat_map(|a| a.parts.iter_mut()) {
-            if let Source::Xml { path, slot } = part {
+            if let Source::Xml { path, slot } = &mut part.source {
                 *slot = match xml_paths.iter().position(|p| p == path) {
                     Some(i) => i,
                     None => {

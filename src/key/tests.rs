@@ -134,6 +134,43 @@ fn xml_sources_compose_and_a_doctype_refuses_the_request() {
     );
 }
 
+/// Two events of one user in one second (a subscribe, then a menu CLICK) get two keys;
+/// a retry of either gets its own again; the parts that are absent are left out.
+#[test]
+fn optional_parts_are_left_out_when_absent_and_tell_events_apart() {
+    let h = head("/", &[]);
+    let key = spec(&[
+        "xml:MsgId",
+        "xml:FromUserName+xml:CreateTime+?xml:Event+?xml:EventKey+?xml:ChangeType+?xml:UserID",
+    ]);
+    let event = |inner: &str| {
+        format!("<xml><FromUserName>o_abc</FromUserName><CreateTime>1700000000</CreateTime>{inner}</xml>")
+    };
+    let derive = |body: &str| {
+        key.derive(Input {
+            head: &h,
+            body: body.as_bytes(),
+        })
+        .expect("not refused")
+        .map(Cow::into_owned)
+    };
+    let subscribe = event("<Event>subscribe</Event>");
+    let click = event("<Event>CLICK</Event><EventKey>MENU_1</EventKey>");
+    assert_eq!(derive(&subscribe).as_deref(), Some("o_abc+1700000000+subscribe"));
+    assert_eq!(derive(&click).as_deref(), Some("o_abc+1700000000+CLICK+MENU_1"));
+    assert_eq!(derive(&click), derive(&click.replace("<xml>", "<xml>\n  ")));
+    assert_eq!(derive(&event("")).as_deref(), Some("o_abc+1700000000"));
+    let contact = event("<Event>change_contact</Event><ChangeType>update_user</ChangeType><UserID>zhangsan</UserID>");
+    assert_eq!(
+        derive(&contact).as_deref(),
+        Some("o_abc+1700000000+change_contact+update_user+zhangsan")
+    );
+    // A required part still must be there.
+    assert_eq!(derive("<xml><CreateTime>1</CreateTime><Event>x</Event></xml>"), None);
+    assert!(Alternative::parse("?xml:A+?xml:B").is_err());
+    assert!(Alternative::parse("?xml:A+xml:B").is_ok());
+}
+
 #[test]
 fn source_errors_name_the_choices() {
     assert_eq!(

@@ -56,7 +56,8 @@ pub enum Scheme {
     Shopify,
     /// `X-Telegram-Bot-Api-Secret-Token` equals the secret.
     Telegram,
-    /// `webhook-signature: v1,base64(HMAC-SHA256(base64dec(whsec), id.ts.body))`, ±300 s.
+    /// `webhook-signature: v1,base64(HMAC-SHA256(base64dec(whsec), id.ts.body))`, ±300 s;
+    /// or the same as `svix-*` (senders that deliver through Svix).
     StandardWebhooks,
     /// Headers `timestamp` (ms) and `sign` = base64(HMAC-SHA256(secret, ts + "\n" + secret)), ±1 h.
     DingTalk,
@@ -75,7 +76,7 @@ impl Scheme {
             Scheme::Stripe => "Stripe-Signature (HMAC-SHA256), timestamp at most 300 s old",
             Scheme::Shopify => "X-Shopify-Hmac-Sha256 (HMAC-SHA256, base64)",
             Scheme::Telegram => "X-Telegram-Bot-Api-Secret-Token (shared token)",
-            Scheme::StandardWebhooks => "webhook-signature (HMAC-SHA256), timestamp within 300 s",
+            Scheme::StandardWebhooks => "webhook-signature or svix-signature (HMAC-SHA256), timestamp within 300 s",
             Scheme::DingTalk => "timestamp + sign headers (HMAC-SHA256), within 1 h; the body is not signed",
         }
     }
@@ -126,6 +127,8 @@ pub struct Credentials {
     pub aes_key: Option<Secret>,
     /// WeChat appid / WeCom corpid, checked after decryption.
     pub app_id: Option<String>,
+    /// `wechat-mp` with an aes_key: refuse plaintext pushes (401).
+    pub require_encryption: bool,
 }
 
 /// Which configured credential a problem is about.
@@ -134,6 +137,7 @@ pub enum Field {
     Secret,
     AesKey,
     AppId,
+    RequireEncryption,
 }
 
 /// A credential the preset cannot use. The text never holds the credential.
@@ -211,6 +215,12 @@ impl Sender {
                 not_used("only WeChat and WeCom check one"),
             ));
         }
+        if creds.require_encryption && (preset.scheme != Scheme::WechatMp || creds.aes_key.is_none()) {
+            problems.push(CredentialProblem::new(
+                Field::RequireEncryption,
+                "only applies to preset \"wechat-mp\" with aes_key (WeCom is always encrypted)",
+            ));
+        }
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -277,6 +287,24 @@ impl Sender {
             return Ok(Verdict::Handshake);
         }
         Ok(verdict)
+    }
+
+    /// How a request was sent, where the sender has several ways (WeChat's plaintext,
+    /// compatible and safe modes on a route with aes_key): for `key` to say.
+    pub fn mode_of(&self, head: &http::request::Parts) -> Option<&'static str> {
+        match &self.verifier {
+            Verifier::Wechat(keys) => keys.mode_of(head),
+            _ => None,
+        }
+    }
+
+    /// The ways of sending this route accepts, where the sender has several: for
+    /// `check` to say.
+    pub fn modes(&self) -> Option<&'static str> {
+        match &self.verifier {
+            Verifier::Wechat(keys) => keys.modes(),
+            _ => None,
+        }
     }
 
     /// Checks a request that passes through undeduped: only the sender's signed GET
@@ -358,8 +386,10 @@ pub enum Rejection {
     Mismatch(&'static str),
     #[error("timestamp is {skew_secs} s off, outside the sender's window ({window})")]
     Stale { skew_secs: i64, window: &'static str },
-    #[error("the body is not encrypted, but the route has aes_key (safe mode)")]
+    #[error("encrypt_type=aes, but the body has no Encrypt")]
     NotEncrypted,
+    #[error("a plaintext push (no encrypt_type), but the route has require_encryption")]
+    Plaintext,
     #[error("the body does not decrypt with aes_key")]
     Undecryptable,
     #[error("the decrypted message is for another app_id")]
@@ -378,6 +408,10 @@ impl<'a> Delivery<'a> {
     fn header(&self, name: &'static str) -> Result<&'a str, Rejection> {
         let value = self.head.headers.get(name).ok_or(Rejection::Missing(name))?;
         value.to_str().map_err(|_| Rejection::Malformed(name))
+    }
+
+    fn has_header(&self, name: &'static str) -> bool {
+        self.head.headers.contains_key(name)
     }
 
     fn now_secs(&self) -> i64 {

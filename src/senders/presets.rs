@@ -64,18 +64,26 @@ const fn ack(status: u16, body: &'static str, content_type: &'static str) -> Ack
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
+/// The key of a WeChat or WeCom event (no message id): sender and second, then the
+/// fields that tell two events of one user in one second apart, where present. Never a
+/// hash of the body: a retry must not be split, nor two events merged.
+const EVENT_XML: &str =
+    "xml:FromUserName+xml:CreateTime+?xml:Event+?xml:EventKey+?xml:ChangeType+?xml:UserID+?xml:ExternalUserID";
+
 /// Every preset, by name.
 pub static PRESETS: &[Preset] = &[
     Preset {
         name: "wechat-mp",
-        // The account's data format is XML or JSON; the same fields either way.
+        // The account's data format is XML or JSON; the same fields either way. Events
+        // have no message id: the documented sender and second, with what tells two
+        // events of one user in one second apart (a subscribe and a menu CLICK).
         key: &[
             "xml:MsgId",
             "xml:MsgID",
-            "xml:FromUserName+xml:CreateTime",
+            EVENT_XML,
             "json:/MsgId",
             "json:/MsgID",
-            "json:/FromUserName+json:/CreateTime",
+            "json:/FromUserName+json:/CreateTime+?json:/Event+?json:/EventKey+?json:/ChangeType+?json:/UserID+?json:/ExternalUserID",
         ],
         ack: ack(200, "success", TEXT),
         completed_ttl: secs(HOUR),
@@ -87,15 +95,9 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "wecom",
-        // FromUserName+CreateTime (the documented event rule) collides for `sys`
-        // events: contact changes are told apart by user and contact, any other event
-        // by the hash of its decrypted XML.
-        key: &[
-            "xml:MsgId",
-            "xml:FromUserName+xml:CreateTime+xml:ChangeType+xml:UserID+xml:ExternalUserID",
-            "xml:FromUserName+xml:CreateTime+xml:ChangeType+xml:UserID",
-            "body",
-        ],
+        // As wechat-mp's events; the fields besides FromUserName+CreateTime (the
+        // documented rule) tell `sys` contact changes for different users apart.
+        key: &["xml:MsgId", EVENT_XML],
         ack: ack(200, "", TEXT),
         completed_ttl: secs(HOUR),
         in_flight_wait: secs(4),
@@ -187,7 +189,8 @@ pub static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "standard-webhooks",
-        key: &["header:webhook-id"],
+        // The id of the family checked: `webhook-*`, or Svix's `svix-*`.
+        key: &["header:webhook-id", "header:svix-id"],
         ack: ack(200, "", TEXT),
         completed_ttl: secs(96 * HOUR),
         in_flight_wait: secs(10),

@@ -27,6 +27,13 @@ use crate::key::xml::{self, Found, XmlError, XmlPath};
 use crate::key::{Pointer, Refused};
 use crate::secret::Secret;
 
+/// How a push was sent (see [`Keys::verify`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sent {
+    Plaintext,
+    Encrypted,
+}
+
 /// Which of the two senders a route serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -42,6 +49,8 @@ pub(crate) struct Keys {
     token: Option<Secret>,
     aes: Option<MessageCipher>,
     app_id: Option<Box<str>>,
+    /// `require_encryption`: plaintext pushes are refused.
+    require_encryption: bool,
     /// `Encrypt`, the element of an outer XML body that holds the ciphertext.
     encrypt: [XmlPath; 1],
     /// `/Encrypt`, the same member of an outer JSON body.
@@ -76,6 +85,7 @@ impl Keys {
             token: creds.secret,
             aes,
             app_id: creds.app_id.map(Into::into),
+            require_encryption: creds.require_encryption,
             encrypt: [XmlPath::parse("Encrypt").map_err(problem)?],
             encrypt_json: Pointer::parse("/Encrypt").map_err(problem)?,
         })
@@ -86,15 +96,20 @@ impl Keys {
     }
 
     pub fn verify(&self, d: &Delivery<'_>) -> Result<Verdict, Failure> {
-        let [signature, timestamp, nonce, msg_signature] =
-            d.query(["signature", "timestamp", "nonce", "msg_signature"]);
+        let [signature, timestamp, nonce, msg_signature, encrypt_type] =
+            d.query(["signature", "timestamp", "nonce", "msg_signature", "encrypt_type"]);
         let (ts, nonce) = (timestamp.as_deref(), nonce.as_deref());
-        let Some(aes) = &self.aes else {
-            // Plain mode (WeChat only): the signature covers no body.
-            if let Some(token) = &self.token {
-                check(token, SIGNATURE, signature.as_deref(), ts, nonce, "")?;
+        let aes = match (&self.aes, self.sent(encrypt_type.as_deref())?) {
+            (Some(aes), Sent::Encrypted) => aes,
+            (_, Sent::Plaintext) if self.require_encryption => return Err(Rejection::Plaintext.into()),
+            // Plaintext (WeChat only; or the route cannot decrypt): the signature covers
+            // no body.
+            _ => {
+                if let Some(token) = &self.token {
+                    check(token, SIGNATURE, signature.as_deref(), ts, nonce, "")?;
+                }
+                return Ok(Verdict::Plain);
             }
-            return Ok(Verdict::Plain);
         };
         let encrypt = self.ciphertext(d.body)?;
         if let Some(token) = &self.token {
@@ -107,6 +122,50 @@ impl Keys {
             return Err(Rejection::WrongAppId.into());
         }
         Ok(Verdict::Decrypted(message.into_plaintext()))
+    }
+
+    /// How a push says it was sent. WeCom always encrypts. A WeChat account chooses
+    /// plaintext, compatible or safe mode in its console (which shows an EncodingAESKey
+    /// whatever the mode), and each push says which by `encrypt_type`, as WeChat's SDKs
+    /// read it: absent or `raw`, plaintext (checked by `signature`); `aes`, encrypted
+    /// (compatible mode sends the plaintext fields too; checked by `msg_signature`).
+    fn sent(&self, encrypt_type: Option<&str>) -> Result<Sent, Rejection> {
+        match (self.mode, encrypt_type) {
+            (Mode::Wecom, _) | (Mode::Mp, Some("aes")) => Ok(Sent::Encrypted),
+            (Mode::Mp, None | Some("raw")) => Ok(Sent::Plaintext),
+            (Mode::Mp, Some(_)) => Err(Rejection::Malformed("encrypt_type")),
+        }
+    }
+
+    /// How a push was sent, for `key`: only where the route accepts more than one way.
+    pub fn mode_of(&self, head: &http::request::Parts) -> Option<&'static str> {
+        if self.mode != Mode::Mp || self.aes.is_none() {
+            return None;
+        }
+        let d = Delivery {
+            head,
+            body: &[],
+            now_ms: 0,
+        };
+        let [encrypt_type] = d.query(["encrypt_type"]);
+        Some(match self.sent(encrypt_type.as_deref()) {
+            Ok(Sent::Plaintext) => "plaintext mode (no encrypt_type): checked by signature",
+            Ok(Sent::Encrypted) => "compatible or safe mode (encrypt_type=aes): checked by msg_signature, decrypted",
+            Err(_) => "an encrypt_type WeChat does not send",
+        })
+    }
+
+    /// The ways of sending this route accepts, for `check`: where there are several.
+    pub fn modes(&self) -> Option<&'static str> {
+        match (self.mode, &self.aes, self.require_encryption) {
+            (Mode::Mp, Some(_), false) => Some(
+                "plaintext (signature), compatible and safe (msg_signature, decrypted), as each push's encrypt_type says",
+            ),
+            (Mode::Mp, Some(_), true) => Some(
+                "compatible and safe only (msg_signature, decrypted); plaintext pushes refused (require_encryption)",
+            ),
+            _ => None,
+        }
     }
 
     /// The GET `echostr` handshake (URL verification), where a token is configured:

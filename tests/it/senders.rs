@@ -482,16 +482,17 @@ async fn wechat_retries_encrypted_afresh_dedup_on_the_msg_id_and_reach_the_bot_u
     // One digit away is another message.
     let other = s::wechat_safe(&s::wx_text_message("7301234567890123456"));
     assert_eq!(send(&client, &other).await.dedup(), "forwarded");
-    // Events (no MsgId) key on FromUserName+CreateTime from the plaintext.
+    // Events (no MsgId) key on FromUserName+CreateTime and the event fields, from the
+    // plaintext.
     let event = "<xml><ToUserName><![CDATA[gh_0123456789ab]]></ToUserName><FromUserName><![CDATA[o_user_1]]></FromUserName><CreateTime>1700000001</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[subscribe]]></Event></xml>";
     assert_eq!(send(&client, &s::wechat_safe(event)).await.dedup(), "forwarded");
     assert_eq!(send(&client, &s::wechat_safe(event)).await.dedup(), "duplicate");
-    let stored = dedup_gateway::store::Store::get(&gw.gw.store, "dedup:bot:o_user_1+1700000001").await;
+    let stored = dedup_gateway::store::Store::get(&gw.gw.store, "dedup:bot:o_user_1+1700000001+subscribe").await;
     assert!(stored.expect("store").is_some());
 }
 
 #[tokio::test]
-async fn wechat_rejects_another_app_a_plain_body_on_a_safe_route_and_refuses_a_doctype() {
+async fn wechat_rejects_another_app_an_encrypt_type_without_encrypt_and_refuses_a_doctype() {
     let upstream = Upstream::ok().await;
     let gw = TestGateway::start(&wechat_cfg(), &upstream).await;
     let client = gw.client();
@@ -499,8 +500,13 @@ async fn wechat_rejects_another_app_a_plain_body_on_a_safe_route_and_refuses_a_d
     let other_app = s::wechat_safe_with(&msg, s::WX_TOKEN, "wxffffffffffffffff");
     let r = send(&client, &other_app).await;
     assert_eq!((r.status.as_u16(), r.dedup()), (401, "rejected"), "{r:?}");
+    // Says it is encrypted, and is not.
     let plain = s::wechat_plain(&msg);
-    let r = send(&client, &plain).await;
+    let claims_aes = Req {
+        target: format!("{}&encrypt_type=aes&msg_signature=00", plain.target),
+        ..plain
+    };
+    let r = send(&client, &claims_aes).await;
     assert_eq!((r.status.as_u16(), r.dedup()), (401, "rejected"), "{r:?}");
     let bomb = Req {
         body: format!(
@@ -563,7 +569,8 @@ async fn wechat_json_data_format_with_the_official_examples() {
     let r = send(&client, &safe).await;
     assert_eq!((r.dedup(), r.body.as_str()), ("duplicate", "success"), "{r:?}");
     assert_eq!(upstream.received()[0].body, safe.body.as_bytes(), "the original bytes");
-    let stored = dedup_gateway::store::Store::get(&gw.gw.store, &format!("dedup:bot:{USER}+1714112445")).await;
+    let key = format!("dedup:bot:{USER}+1714112445+debug_demo");
+    let stored = dedup_gateway::store::Store::get(&gw.gw.store, &key).await;
     assert!(stored.expect("store").is_some(), "keyed from the decrypted JSON");
     let forged = tamper_query(safe.clone(), "msg_signature");
     assert_eq!(send(&client, &forged).await.status, 401);
@@ -583,7 +590,8 @@ async fn wechat_json_data_format_with_the_official_examples() {
     .header("content-type", "application/json");
     assert_eq!(send(&client, &plain).await.dedup(), "forwarded");
     assert_eq!(send(&client, &plain).await.dedup(), "duplicate");
-    let stored = dedup_gateway::store::Store::get(&gw.gw.store, &format!("dedup:bot:{USER}+1714037059")).await;
+    let key = format!("dedup:bot:{USER}+1714037059+debug_demo");
+    let stored = dedup_gateway::store::Store::get(&gw.gw.store, &key).await;
     assert!(stored.expect("store").is_some(), "keyed from the JSON body");
     assert_eq!(upstream.count(), 2);
 }
@@ -612,7 +620,7 @@ async fn wecom_sys_events_for_different_users_in_the_same_second_are_both_forwar
         "a retry, re-encrypted"
     );
     assert_eq!(upstream.count(), 2);
-    let key = "dedup:bot:sys+1700000123+update_user+zhangsan";
+    let key = "dedup:bot:sys+1700000123+change_contact+update_user+zhangsan";
     assert!(
         dedup_gateway::store::Store::get(&gw.gw.store, key)
             .await
@@ -734,4 +742,66 @@ async fn rejected_deliveries_send_no_command_to_redis() {
         );
         gw.stop().await;
     }
+}
+
+/// A user who subscribes and clicks a menu within one second sends two events with the
+/// same FromUserName+CreateTime: both reach the bot, each retry is a duplicate, and the
+/// stored keys are the readable fields (WeChat; WeCom contact changes are above).
+#[tokio::test]
+async fn two_wechat_events_of_one_user_in_one_second_are_both_forwarded() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&wechat_cfg(), &upstream).await;
+    let client = gw.client();
+    let event = |inner: &str| {
+        format!(
+            "<xml><ToUserName><![CDATA[gh_0123456789ab]]></ToUserName><FromUserName><![CDATA[o_user_7]]></FromUserName>\
+             <CreateTime>1700000777</CreateTime><MsgType><![CDATA[event]]></MsgType>{inner}</xml>"
+        )
+    };
+    let subscribe = event("<Event><![CDATA[subscribe]]></Event>");
+    let click = event("<Event><![CDATA[CLICK]]></Event><EventKey><![CDATA[V1001_TODAY_MUSIC]]></EventKey>");
+    for (xml, status) in [
+        (&subscribe, "forwarded"),
+        (&click, "forwarded"),
+        (&click, "duplicate"),
+        (&subscribe, "duplicate"),
+    ] {
+        assert_eq!(send(&client, &s::wechat_safe(xml)).await.dedup(), status);
+    }
+    assert_eq!(upstream.count(), 2);
+    for key in [
+        "dedup:bot:o_user_7+1700000777+subscribe",
+        "dedup:bot:o_user_7+1700000777+CLICK+V1001_TODAY_MUSIC",
+    ] {
+        let stored = dedup_gateway::store::Store::get(&gw.gw.store, key).await;
+        assert!(stored.expect("store").is_some(), "{key}");
+    }
+}
+
+/// The console shows an EncodingAESKey whatever the mode, so a route has it while the
+/// account pushes plaintext: those pushes are checked by `signature` and forwarded.
+/// `require_encryption` refuses them (401, nothing stored), encrypted ones still pass.
+#[tokio::test]
+async fn a_route_with_aes_key_takes_plaintext_pushes_unless_it_requires_encryption() {
+    let upstream = Upstream::ok().await;
+    let gw = TestGateway::start(&wechat_cfg(), &upstream).await;
+    let client = gw.client();
+    let msg = s::wx_text_message("7300000000000000101");
+    assert_eq!(send(&client, &s::wechat_plain(&msg)).await.dedup(), "forwarded");
+    assert_eq!(
+        send(&client, &s::wechat_safe(&msg)).await.dedup(),
+        "duplicate",
+        "one message, either mode"
+    );
+    let forged = tamper_query(s::wechat_plain(&s::wx_text_message("7300000000000000102")), "signature");
+    assert_eq!(send(&client, &forged).await.status, 401);
+
+    let strict = TestGateway::start(&wechat_cfg().route("require_encryption = true"), &upstream).await;
+    let client = strict.client();
+    let msg = s::wx_text_message("7300000000000000103");
+    let r = send(&client, &s::wechat_plain(&msg)).await;
+    assert_eq!((r.status.as_u16(), r.dedup()), (401, "rejected"), "{r:?}");
+    assert_eq!(store_calls(&strict), 0.0);
+    assert_eq!(send(&client, &s::wechat_safe(&msg)).await.dedup(), "forwarded");
+    assert_eq!(upstream.count(), 2);
 }

@@ -207,7 +207,7 @@ fn echostr_handshakes_are_checked_with_the_published_values() {
             super::super::Credentials {
                 secret: Some(Secret::new(token)),
                 aes_key: eak.map(Secret::new),
-                app_id: None,
+                ..super::super::Credentials::default()
             },
         )
         .expect("keys")
@@ -332,4 +332,77 @@ fn tampered_ciphertexts_and_bad_keys_are_refused() {
     }
     assert!(MessageCipher::from_encoding_aes_key("short").is_err());
     assert!(MessageCipher::from_encoding_aes_key(&"!".repeat(43)).is_err());
+}
+
+/// One `wechat-mp` route with the EncodingAESKey (as the console always shows it)
+/// takes the three modes, as each push's `encrypt_type` says: the published push of the
+/// message-push page, sent as plaintext and encrypted; `require_encryption` refuses the
+/// plaintext one only.
+#[test]
+fn one_route_with_aes_key_takes_plaintext_compatible_and_safe_pushes() {
+    let keys = |require_encryption| {
+        Keys::new(
+            Mode::Mp,
+            super::super::Credentials {
+                secret: Some(Secret::new(MP_TOKEN)),
+                aes_key: Some(Secret::new(MP_EAK)),
+                app_id: Some(MP_APPID.into()),
+                require_encryption,
+            },
+        )
+        .expect("keys")
+    };
+    let signed = "signature=6c5c811b55cc85e0e1b54100749188c20beb3f5d&timestamp=1714112445&nonce=415670741";
+    let encrypted = format!("{signed}&encrypt_type=aes&msg_signature=046e02f8204d34f8ba5fa3b1db94908f3df2e9b3");
+    let safe = format!(r#"{{"ToUserName":"gh_97417a04a28d","Encrypt":"{MP_ENCRYPT}"}}"#);
+    // Compatible mode: the plaintext fields beside Encrypt; the key is read from the
+    // decrypted (signed) copy.
+    let compatible = format!(
+        r#"{{"ToUserName":"gh_97417a04a28d","FromUserName":"forged","CreateTime":1,"Encrypt":"{MP_ENCRYPT}"}}"#
+    );
+    let verify = |keys: &Keys, query: &str, body: &str| {
+        let head = crate::senders::tests::delivery(&[], &format!("/wx?{query}"));
+        let d = Delivery {
+            head: &head,
+            body: body.as_bytes(),
+            now_ms: 0,
+        };
+        keys.verify(&d)
+    };
+    let open = keys(false);
+    assert_eq!(verify(&open, signed, MP_MSG), Ok(Verdict::Plain));
+    assert_eq!(
+        verify(&open, &format!("{signed}&encrypt_type=raw"), MP_MSG),
+        Ok(Verdict::Plain)
+    );
+    for body in [&safe, &compatible] {
+        match verify(&open, &encrypted, body) {
+            Ok(Verdict::Decrypted(plain)) => assert_eq!(plain.as_bytes(), MP_MSG.as_bytes()),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Each mode is checked by its own signature.
+    let forged_plain = signed.replace("6c5c", "0000");
+    assert_eq!(
+        verify(&open, &forged_plain, MP_MSG),
+        Err(Rejection::Mismatch(SIGNATURE).into())
+    );
+    let forged = encrypted.replace("046e", "0000");
+    assert_eq!(
+        verify(&open, &forged, &safe),
+        Err(Rejection::Mismatch(MSG_SIGNATURE).into())
+    );
+    assert_eq!(verify(&open, &encrypted, MP_MSG), Err(Rejection::NotEncrypted.into()));
+    assert_eq!(
+        verify(&open, &format!("{signed}&encrypt_type=rsa"), MP_MSG),
+        Err(Rejection::Malformed("encrypt_type").into())
+    );
+    let strict = keys(true);
+    assert_eq!(verify(&strict, signed, MP_MSG), Err(Rejection::Plaintext.into()));
+    assert!(matches!(verify(&strict, &encrypted, &safe), Ok(Verdict::Decrypted(_))));
+    let head = crate::senders::tests::delivery(&[], &format!("/wx?{signed}"));
+    assert_eq!(
+        open.mode_of(&head),
+        Some("plaintext mode (no encrypt_type): checked by signature")
+    );
 }

@@ -1,8 +1,8 @@
 //! The shared state of a running gateway: routes (swappable on reload), store,
 //! metrics, and the bookkeeping shutdown needs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -12,10 +12,11 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::config::cidr::Cidr;
 use crate::config::policy::OnStoreError;
-use crate::metrics::{Metrics, StoreOp};
+use crate::metrics::{Format, Metrics, StoreOp};
 use crate::routing::Routes;
 use crate::secret::Secret;
 use crate::store::{AnyStore, Store, unix_ms};
+use crate::tls::Certificates;
 
 pub struct Gateway {
     pub routes: ArcSwap<Routes>,
@@ -43,6 +44,9 @@ pub struct Gateway {
     pub workers_starting: AtomicUsize,
     /// When the store last answered a ping (Unix ms); 0 = never.
     store_ok_ms: AtomicU64,
+    /// The proxy listener's certificate, with HTTPS: what it serves, what `POST
+    /// /reload` reloads and what `/metrics` reports the expiry of.
+    pub tls: OnceLock<Arc<Certificates>>,
 }
 
 /// How fresh the last successful store ping must be for `/readyz`.
@@ -50,11 +54,13 @@ const READY_WINDOW: Duration = Duration::from_millis(1500);
 
 impl Gateway {
     pub fn new(config: &Config, store: AnyStore) -> Arc<Self> {
-        let metrics = if store.entries().is_some() {
-            Metrics::new().with_store_size()
-        } else {
-            Metrics::new()
-        };
+        let mut metrics = Metrics::new();
+        if store.entries().is_some() {
+            metrics = metrics.with_store_size();
+        }
+        if config.server.tls.is_some() {
+            metrics = metrics.with_tls();
+        }
         Arc::new(Gateway {
             routes: ArcSwap::from_pointee(Routes::new(&config.routes, &metrics)),
             store,
@@ -71,6 +77,7 @@ impl Gateway {
             draining: AtomicBool::new(false),
             workers_starting: AtomicUsize::new(config.server.workers),
             store_ok_ms: AtomicU64::new(0),
+            tls: OnceLock::new(),
         })
     }
 
@@ -100,6 +107,16 @@ impl Gateway {
             && self.workers_starting.load(Ordering::SeqCst) == 0
             && last != 0
             && unix_ms().saturating_sub(last) <= READY_WINDOW.as_millis() as u64
+    }
+
+    /// The metrics as `/metrics` serves them, with the gauges read now (readiness, the
+    /// store's size, the certificate's expiry).
+    pub fn render_metrics(&self, format: Format) -> String {
+        self.metrics.set_ready(self.is_ready());
+        if let Some(certificates) = self.tls.get() {
+            self.metrics.set_tls_expiry(certificates.not_after());
+        }
+        self.metrics.render(format, self.store.entries(), self.store.bytes())
     }
 
     /// Pings the store now and records the result for readiness.

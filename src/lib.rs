@@ -59,6 +59,7 @@ pub mod senders;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod tls;
 pub mod upstream;
 
 pub use config::Config;

@@ -243,6 +243,19 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         d(s.shutdown_delay),
         d(s.shutdown_grace),
     );
+    if let Some(files) = &s.tls {
+        // The config's check read the pair already; this says when it expires.
+        let expires = dedup_gateway::tls::load(files).map_or_else(
+            |e| format!("cannot be read now: {e}"),
+            |pair| format!("valid for {} more day(s)", pair.valid_for().as_secs() / 86_400),
+        );
+        say!(
+            out,
+            "  https: tls_cert {} ({expires}), tls_key {}; HTTP/2 and HTTP/1.1 by ALPN",
+            files.cert.display(),
+            files.key.display()
+        );
+    }
     let trusted: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
     say!(
         out,

@@ -169,6 +169,7 @@ pub struct Metrics {
     in_flight: Family<RouteLabels, Gauge>,
     orphan_releases: [Counter; OrphanRelease::ALL.len()],
     ready: Gauge,
+    tls_expiry: Gauge<i64, AtomicI64>,
 }
 
 impl Metrics {
@@ -267,6 +268,7 @@ impl Metrics {
             in_flight,
             orphan_releases,
             ready,
+            tls_expiry: Gauge::default(),
         }
     }
 
@@ -284,6 +286,21 @@ impl Metrics {
             self.store_bytes.clone(),
         );
         self
+    }
+
+    /// Adds `dedup_tls_certificate_expiry_seconds` (a listener with HTTPS has it).
+    pub fn with_tls(mut self) -> Self {
+        self.registry.register(
+            "dedup_tls_certificate_expiry_seconds",
+            "When the proxy listener's TLS certificate expires (Unix time, seconds)",
+            self.tls_expiry.clone(),
+        );
+        self
+    }
+
+    /// When the served certificate expires (Unix seconds).
+    pub fn set_tls_expiry(&self, not_after: i64) {
+        self.tls_expiry.set(not_after);
     }
 
     /// The handles one route counts with.

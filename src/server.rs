@@ -11,21 +11,31 @@ use crate::admin::{self, reload::Reloader};
 use crate::config::ServerConfig;
 use crate::gateway::Gateway;
 use crate::inbound::listener::{self, ProxySockets};
+use crate::tls::{self, Certificates};
 
-/// The sockets the gateway serves on: the proxy's (one per worker) and the admin one.
+/// The sockets the gateway serves on: the proxy's (one per worker) and the admin one;
+/// and with HTTPS, the certificate the proxy's serve.
 pub struct Listeners {
     proxy: ProxySockets,
     pub admin: Option<TcpListener>,
+    tls: Option<Arc<Certificates>>,
 }
 
 impl Listeners {
     pub async fn bind(server: &ServerConfig) -> std::io::Result<Self> {
+        let tls = match &server.tls {
+            Some(files) => {
+                let pair = tls::load(files).map_err(std::io::Error::other)?;
+                Some(Arc::new(Certificates::new(files.clone(), pair)))
+            }
+            None => None,
+        };
         let proxy = ProxySockets::bind(server)?;
         let admin = match server.admin_listen {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(listener::at(addr))?),
             None => None,
         };
-        Ok(Listeners { proxy, admin })
+        Ok(Listeners { proxy, admin, tls })
     }
 
     pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
@@ -42,6 +52,10 @@ pub async fn run(
     reloader: Option<Arc<Reloader>>,
     shutdown: impl Future<Output = ()>,
 ) {
+    if let Some(certificates) = listeners.tls {
+        Arc::clone(&certificates).watch();
+        let _ = gw.tls.set(certificates);
+    }
     gw.check_store().await;
     gw.spawn_store_checks();
     let admin = listeners.admin.as_ref().and_then(|l| l.local_addr().ok());

@@ -23,7 +23,6 @@ use tokio::net::TcpListener;
 use crate::body::Body;
 use crate::gateway::Gateway;
 use crate::inbound::accept::AcceptFailures;
-use crate::store::Store;
 use reload::Reloader;
 
 /// Serves the admin endpoints until the process exits (so `/readyz` can report the drain).
@@ -73,9 +72,8 @@ async fn respond(gw: Arc<Gateway>, reloader: Option<Arc<Reloader>>, req: Request
         ("/readyz", true) if gw.is_ready() => text(StatusCode::OK, "ready\n"),
         ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", true) => {
-            gw.metrics.set_ready(gw.is_ready());
             let format = crate::metrics::Format::negotiate(req.headers());
-            let body = gw.metrics.render(format, gw.store.entries(), gw.store.bytes());
+            let body = gw.render_metrics(format);
             let mut response = Response::new(Body::full(body));
             response
                 .headers_mut()
@@ -101,7 +99,12 @@ async fn reload(gw: Arc<Gateway>, reloader: Option<Arc<Reloader>>) -> Response<B
     };
     match Reloader::reload_blocking(reloader, gw).await {
         Ok(done) if done.needs_restart.is_empty() => {
-            text(StatusCode::OK, format!("reloaded {} route(s)\n", done.routes))
+            let tls = if done.new_certificate {
+                "; a new TLS certificate is served"
+            } else {
+                ""
+            };
+            text(StatusCode::OK, format!("reloaded {} route(s){tls}\n", done.routes))
         }
         Ok(done) => text(
             StatusCode::OK,

@@ -22,6 +22,8 @@ pub struct Reloaded {
     pub routes: usize,
     /// Sections whose changes were not applied (they need a restart).
     pub needs_restart: Vec<&'static str>,
+    /// With HTTPS: whether the certificate files held a new pair (now served).
+    pub new_certificate: bool,
 }
 
 impl Reloader {
@@ -38,7 +40,11 @@ impl Reloader {
         gw.metrics.config_reload(result.is_ok());
         match &result {
             Ok(done) if done.needs_restart.is_empty() => {
-                tracing::info!(routes = done.routes, "configuration reloaded")
+                tracing::info!(
+                    routes = done.routes,
+                    new_certificate = done.new_certificate,
+                    "configuration reloaded"
+                )
             }
             Ok(done) => tracing::warn!(
                 routes = done.routes,
@@ -71,11 +77,26 @@ impl Reloader {
                 return Err(ConfigError::Invalid { path, problems });
             }
         }
+        // The files the running listener serves: read again (the config's check above
+        // refused a pair that cannot be served, so this one only fails if the files
+        // changed since, and then the old pair stays).
+        let new_certificate = match gw.tls.get().map(|c| c.reload()) {
+            Some(Ok(crate::tls::Reloaded::New)) => true,
+            Some(Ok(crate::tls::Reloaded::Same)) | None => false,
+            Some(Err(e)) => {
+                let path = self.path.display().to_string();
+                return Err(ConfigError::Invalid {
+                    path,
+                    problems: vec![format!("server.tls_cert: {e}")],
+                });
+            }
+        };
         gw.swap_routes(&new);
         running.routes = new.routes;
         Ok(Reloaded {
             routes: running.routes.len(),
             needs_restart,
+            new_certificate,
         })
     }
 

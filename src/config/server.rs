@@ -6,11 +6,15 @@ use std::time::Duration;
 use super::cidr;
 use super::read::{self, Problems, Section};
 use crate::secret::Secret;
+use crate::tls::{self, File, TlsFiles};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Proxy listener (HTTP/1.1 and h2c).
+    /// Proxy listener: HTTP/1.1 and h2c, or with `tls`, HTTPS (HTTP/1.1 and HTTP/2).
     pub listen: SocketAddr,
+    /// `tls_cert` and `tls_key`: the listener speaks HTTPS with this pair (checked
+    /// when the config is read; new files are picked up without a restart).
+    pub tls: Option<TlsFiles>,
     /// Worker threads, each with its own runtime and its own socket on `listen`.
     pub workers: usize,
     /// `/healthz`, `/livez`, `/readyz`, `/metrics`; `None` disables them.
@@ -59,6 +63,7 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
             .unwrap_or(Duration::from_secs(30)),
         trusted_proxies: trusted_proxies(&mut s, problems),
         admin_token: read::from_env(&mut s, "admin_token_env", problems).map(|(_, token)| token),
+        tls: tls_files(&mut s, problems),
     };
     if server.workers == 0 {
         problems.push(s.path_of("workers"), "must be at least 1");
@@ -87,6 +92,52 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
     }
     s.finish(problems);
     Some(server)
+}
+
+/// `tls_cert` and `tls_key`, both or neither; the pair must be usable now (it is read
+/// here, so `check` and a reload refuse what the listener could not serve), and one
+/// that expires within 14 days is warned about.
+fn tls_files(s: &mut Section, problems: &mut Problems) -> Option<TlsFiles> {
+    let cert = s.string("tls_cert", problems).map(std::path::PathBuf::from);
+    let key = s.string("tls_key", problems).map(std::path::PathBuf::from);
+    let files = match (cert, key) {
+        (None, None) => return None,
+        (Some(cert), Some(key)) => TlsFiles { cert, key },
+        (Some(_), None) => {
+            problems.push(
+                s.path_of("tls_key"),
+                "required with tls_cert (the certificate's private key, PEM)",
+            );
+            return None;
+        }
+        (None, Some(_)) => {
+            problems.push(
+                s.path_of("tls_cert"),
+                "required with tls_key (the certificate chain, PEM)",
+            );
+            return None;
+        }
+    };
+    match tls::load(&files) {
+        Ok(pair) if pair.valid_for() < tls::EXPIRY_WARNING => {
+            let days = pair.valid_for().as_secs() / 86_400;
+            problems.warn(
+                s.path_of("tls_cert"),
+                format!(
+                    "the certificate expires in {days} day(s): renew it (the gateway takes new files without a restart)"
+                ),
+            );
+        }
+        Ok(_) => {}
+        Err(error) => {
+            let key = match error.file() {
+                File::Certificate => "tls_cert",
+                File::Key => "tls_key",
+            };
+            problems.push(s.path_of(key), error.to_string());
+        }
+    }
+    Some(files)
 }
 
 fn trusted_proxies(s: &mut Section, problems: &mut Problems) -> Vec<cidr::Cidr> {

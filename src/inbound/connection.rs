@@ -27,6 +27,8 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use super::guard::FramingGuard;
@@ -47,11 +49,51 @@ pub struct Protocols {
     /// Raised when the drain starts: every connection finishes what it is doing and
     /// closes (HTTP/1: after the current response; h2c: GOAWAY).
     pub draining: CancellationToken,
+    /// HTTPS (`[server] tls_cert`): every connection is TLS, HTTP/2 or HTTP/1.1 as ALPN
+    /// says.
+    pub tls: Option<TlsAcceptor>,
 }
 
-/// Serves one connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
-pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpStream, addr: SocketAddr) {
+/// Serves one connection: over TLS where the listener has a certificate (the protocol
+/// by ALPN), else HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
+pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, stream: TcpStream, addr: SocketAddr) {
     let _ = stream.set_nodelay(true);
+    let trusted = crate::config::cidr::trusted(&gw.trusted_proxies, addr.ip());
+    let peer = |tls| Peer { addr, trusted, tls };
+    if let Some(acceptor) = &protocols.tls {
+        let accepted = tokio::select! {
+            biased;
+            () = protocols.closing.cancelled() => return,
+            accepted = handshake(acceptor, stream, &protocols) => accepted,
+        };
+        // Plain HTTP, a failed or too slow handshake: the connection is closed, unanswered.
+        let Some(stream) = accepted else { return };
+        let is_h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        let peer = peer(true);
+        return serve_on(gw, &protocols, stream, Bytes::new(), is_h2, None, peer).await;
+    }
+    serve_plain(gw, &protocols, stream, peer(false)).await;
+}
+
+/// A TLS handshake: its first byte within `idle_timeout` (a connection that says
+/// nothing is idle), then the rest within `header_timeout`.
+async fn handshake(acceptor: &TlsAcceptor, stream: TcpStream, protocols: &Protocols) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(protocols.idle_timeout, stream.peek(&mut [0u8; 1])).await {
+        Ok(Ok(1..)) => {}
+        _ => return None,
+    }
+    match tokio::time::timeout(protocols.header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "TLS handshake failed: connection closed");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Serves a plain connection: HTTP/2 if it opens with the h2c preface, else HTTP/1.1.
+async fn serve_plain(gw: Arc<Gateway>, protocols: &Protocols, mut stream: TcpStream, peer: Peer) {
     let sniffed = tokio::select! {
         biased;
         () = protocols.closing.cancelled() => return,
@@ -65,16 +107,29 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
     else {
         return; // silent, closed, or too slow to say which protocol: cut off
     };
-    let peer = Peer {
-        addr,
-        trusted: crate::config::cidr::trusted(&gw.trusted_proxies, addr.ip()),
-    };
+    serve_on(gw, protocols, stream, prefix, is_h2, first_head_by, peer).await;
+}
+
+/// Serves HTTP/2 or HTTP/1.1 on `stream`, whose first bytes (`prefix`) were read
+/// already.
+async fn serve_on<S>(
+    gw: Arc<Gateway>,
+    protocols: &Protocols,
+    stream: S,
+    prefix: Bytes,
+    is_h2: bool,
+    first_head_by: Option<Instant>,
+    peer: Peer,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let addr = peer.addr;
     let result = if is_h2 {
         let activity = Arc::new(Activity::default());
         let service = service(gw, peer, Some(Arc::clone(&activity)));
         let io = TokioIo::new(Watched::new(stream, prefix, Frames::new(Arc::clone(&activity))));
         let conn = protocols.h2.serve_connection(io, service);
-        let watchdog = watchdog(&activity, &protocols, None);
+        let watchdog = watchdog(&activity, protocols, None);
         drive(conn, &protocols.draining, watchdog, Some(&activity)).await
     } else {
         // hyper's own header timer bounds heads and idle keep-alive on HTTP/1. A watch
@@ -88,7 +143,7 @@ pub async fn serve(gw: Arc<Gateway>, protocols: Arc<Protocols>, mut stream: TcpS
         let conn = protocols.h1.serve_connection(io, service);
         let watchdog = async {
             match &activity {
-                Some(activity) => watchdog(activity, &protocols, first_head_by).await,
+                Some(activity) => watchdog(activity, protocols, first_head_by).await,
                 None => std::future::pending().await,
             }
         };
@@ -309,8 +364,8 @@ async fn watchdog(activity: &Activity, protocols: &Protocols, first_head_by: Opt
 
 /// A connection's byte stream with every read shown to a tracker: h2c's [`Frames`] or
 /// HTTP/1's [`Reads`]. Also hands out the bytes the sniff already read.
-struct Watched<T> {
-    inner: TcpStream,
+struct Watched<S, T> {
+    inner: S,
     prefix: Bytes,
     tracker: T,
 }
@@ -356,8 +411,8 @@ const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 
-impl<T> Watched<T> {
-    fn new(inner: TcpStream, prefix: Bytes, tracker: T) -> Self {
+impl<S, T> Watched<S, T> {
+    fn new(inner: S, prefix: Bytes, tracker: T) -> Self {
         Watched { inner, prefix, tracker }
     }
 }
@@ -415,7 +470,7 @@ impl Tracker for Frames {
     }
 }
 
-impl<T: Tracker + Unpin> AsyncRead for Watched<T> {
+impl<S: AsyncRead + Unpin, T: Tracker + Unpin> AsyncRead for Watched<S, T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.prefix.has_remaining() {
@@ -434,7 +489,7 @@ impl<T: Tracker + Unpin> AsyncRead for Watched<T> {
     }
 }
 
-impl<T: Tracker> Watched<T> {
+impl<S, T: Tracker> Watched<S, T> {
     /// Counts a write that carried bytes.
     fn wrote(&self, poll: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
         if let (Poll::Ready(Ok(1..)), Some(activity)) = (&poll, self.tracker.activity()) {
@@ -444,7 +499,7 @@ impl<T: Tracker> Watched<T> {
     }
 }
 
-impl<T: Tracker + Unpin> AsyncWrite for Watched<T> {
+impl<S: AsyncWrite + Unpin, T: Tracker + Unpin> AsyncWrite for Watched<S, T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
         self.wrote(poll)

@@ -12,6 +12,7 @@ use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -100,6 +101,15 @@ pub async fn serve(
     admin: Option<SocketAddr>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let tls = gw.tls.get().and_then(
+        |certificates| match crate::tls::server_config(Arc::clone(certificates)) {
+            Ok(config) => Some(TlsAcceptor::from(Arc::new(config))),
+            Err(error) => {
+                tracing::error!(%error, "cannot set up TLS: the listener serves plain HTTP");
+                None
+            }
+        },
+    );
     let listen = sockets.addr().ok();
     let mut h1 = http1::Builder::new();
     // Half-close allowed: while a request is in flight hyper does not read to look for
@@ -120,6 +130,7 @@ pub async fn serve(
         idle_timeout: server.idle_timeout,
         closing: CancellationToken::new(),
         draining: CancellationToken::new(),
+        tls,
     });
     let connections = TaskTracker::new();
     // Workers accept until `accepting` is cancelled, then stay up (serving what they

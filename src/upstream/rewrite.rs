@@ -18,6 +18,8 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// In `[server] trusted_proxies`: its `X-Forwarded-Proto` / `-Host` are kept.
     pub trusted: bool,
+    /// It came over TLS (the listener's HTTPS): `X-Forwarded-Proto: https`.
+    pub tls: bool,
 }
 
 /// Rewrites a received request for the upstream: same method, path, query and body;
@@ -47,7 +49,8 @@ pub fn upstream_request(mut head: http::request::Parts, body: Body, target: &Tar
     append_forwarded_for(headers, peer.addr);
     // Anyone may send these: only a trusted front proxy's values are believed.
     if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        let proto = if peer.tls { "https" } else { "http" };
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     let forwarded_host = match host {
         Host::Kept(host) if !connection_lines => Some(host),
@@ -154,6 +157,7 @@ mod tests {
         Peer {
             trusted: false,
             addr: "10.1.2.3:5555".parse().expect("addr"),
+            tls: false,
         }
     }
 
@@ -258,9 +262,12 @@ mod tests {
             trusted: true,
             ..peer()
         };
-        let out = rewrite(bare, peer);
+        let out = rewrite(bare.clone(), peer);
         assert_eq!(out.headers()["x-forwarded-proto"], "http");
         assert_eq!(out.headers()["x-forwarded-host"], "gw.example");
+        // The gateway's own HTTPS listener: the sender used https.
+        let out = rewrite(bare, Peer { tls: true, ..peer });
+        assert_eq!(out.headers()["x-forwarded-proto"], "https");
     }
 
     #[test]

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedup_gateway::store::Store as _;
 use dedup_gateway::{Config, Gateway, Listeners};
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -345,10 +344,7 @@ impl TestGateway {
 
     /// The Prometheus text the admin listener would serve.
     pub fn metrics(&self) -> String {
-        let format = dedup_gateway::metrics::Format::OpenMetrics;
-        self.gw
-            .metrics
-            .render(format, self.gw.store.entries(), self.gw.store.bytes())
+        self.gw.render_metrics(dedup_gateway::metrics::Format::OpenMetrics)
     }
 
     /// The value of one sample line, e.g. `dedup_requests_total{route="bot",outcome="forwarded"}`.

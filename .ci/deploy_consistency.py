@@ -110,7 +110,7 @@ def main(argv):
         for v in volumes.values():
             if "configMap" in v:
                 need("ConfigMap", v["configMap"]["name"], f"{wn} volume {v['name']}")
-            if "secret" in v:
+            if "secret" in v and not v["secret"].get("optional"):
                 need("Secret", v["secret"]["secretName"], f"{wn} volume {v['name']}")
         sidecars = [c for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
         for c in pod.get("initContainers", []) + pod.get("containers", []):

@@ -133,6 +133,15 @@ gateway.toml from .Values.config: top-level values, then tables ([server], [stor
 {{- if and (kindIs "map" $store) (hasKey $store "url_env") (not (include "dedup-gateway.storeUrlEnv" .)) -}}
 {{- $_ := unset $store "url_env" -}}
 {{- end -}}
+{{- /* tls.secretName: the mounted pair, unless config.server names files itself. */ -}}
+{{- if .Values.tls.secretName -}}
+{{- $server := get $cfg "server" | default dict -}}
+{{- if not (hasKey $server "tls_cert") -}}
+{{- $_ := set $server "tls_cert" "/etc/dedup-gateway-tls/tls.crt" -}}
+{{- $_ := set $server "tls_key" "/etc/dedup-gateway-tls/tls.key" -}}
+{{- end -}}
+{{- $_ := set $cfg "server" $server -}}
+{{- end -}}
 {{- $order := list "server" "store" "defaults" -}}
 {{- $names := concat $order (without (keys $cfg | sortAlpha) "server" "store" "defaults") -}}
 # Rendered by the dedup-gateway Helm chart from .Values.config.

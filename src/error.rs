@@ -52,6 +52,9 @@ pub enum GatewayError {
     InFlight,
     #[error("dedup store unavailable: {0}")]
     StoreUnavailable(#[source] StoreError),
+    /// A queued route holds `max_queued` messages; nothing was stored.
+    #[error("the route's queue is full")]
+    QueueFull,
     #[error("{error}")]
     Upstream {
         #[source]
@@ -77,7 +80,9 @@ impl GatewayError {
             | GatewayError::ForbiddenXml => StatusCode::BAD_REQUEST,
             GatewayError::Rejected(_) => StatusCode::UNAUTHORIZED,
             GatewayError::InFlight => StatusCode::CONFLICT,
-            GatewayError::StoreUnavailable(_) | GatewayError::Abandoned => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::StoreUnavailable(_) | GatewayError::QueueFull | GatewayError::Abandoned => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             GatewayError::Upstream {
                 error: UpstreamError::Timeout(_),
                 ..
@@ -95,6 +100,7 @@ impl GatewayError {
             GatewayError::MissingKey => Outcome::NoKey,
             GatewayError::InFlight => Outcome::InFlight,
             GatewayError::StoreUnavailable(_) => Outcome::StoreUnavailable,
+            GatewayError::QueueFull => Outcome::QueueFull,
             GatewayError::Upstream { outcome, .. } => *outcome,
             GatewayError::Abandoned => Outcome::Aborted,
             GatewayError::Internal(_) => Outcome::Forwarded,
@@ -105,7 +111,10 @@ impl GatewayError {
     fn retry_after(&self) -> bool {
         matches!(
             self,
-            GatewayError::InFlight | GatewayError::StoreUnavailable(_) | GatewayError::Abandoned
+            GatewayError::InFlight
+                | GatewayError::StoreUnavailable(_)
+                | GatewayError::QueueFull
+                | GatewayError::Abandoned
         )
     }
 
@@ -125,6 +134,7 @@ impl GatewayError {
             GatewayError::ForbiddenXml => "XML with a DOCTYPE is not accepted\n",
             GatewayError::InFlight => "message is being processed; retry later\n",
             GatewayError::StoreUnavailable(_) => "dedup store unavailable; retry later\n",
+            GatewayError::QueueFull => "queue full; retry later\n",
             GatewayError::Upstream {
                 error: UpstreamError::Timeout(_),
                 ..
@@ -198,6 +208,7 @@ mod tests {
             (504, "forwarded", false)
         );
         assert_eq!(row(GatewayError::Abandoned), (503, "aborted", true));
+        assert_eq!(row(GatewayError::QueueFull), (503, "queue_full", true));
         assert_eq!(row(GatewayError::Internal("x".into())), (502, "forwarded", false));
         let close = GatewayError::TooLarge { limit: 1 }.to_response();
         assert_eq!(close.headers()[header::CONNECTION], "close");

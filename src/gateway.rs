@@ -1,11 +1,13 @@
 //! The shared state of a running gateway: routes (swappable on reload), store,
 //! metrics, and the bookkeeping shutdown needs.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
@@ -36,6 +38,9 @@ pub struct Gateway {
     /// Raised when the shutdown grace ends ([`Gateway::abandon_owners`]): owners still
     /// running release and stop. Every owner waits on it ([`Gateway::abandoned`]).
     abandon: CancellationToken,
+    /// Raised when shutdown starts ([`Gateway::start_draining`]): delivery workers take
+    /// no new message ([`Gateway::stopping`]).
+    stopping: CancellationToken,
     /// Background releases of claims that may have landed (see `dedup::release_orphan`).
     pub orphan_releases: AtomicUsize,
     draining: AtomicBool,
@@ -47,6 +52,33 @@ pub struct Gateway {
     /// The proxy listener's certificate, with HTTPS: what it serves, what `POST
     /// /reload` reloads and what `/metrics` reports the expiry of.
     pub tls: OnceLock<Arc<Certificates>>,
+    /// Wakes queued routes' delivery workers in this process.
+    pub deliveries: Deliveries,
+    /// When the last append failed (Unix ms), 0 once one succeeds: not ready meanwhile.
+    append_failed_ms: AtomicU64,
+}
+
+/// Wakes the delivery workers of a queued route in this process when a message is
+/// appended (workers of other replicas find it when they next look).
+#[derive(Default)]
+pub struct Deliveries {
+    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Deliveries {
+    /// What `route`'s workers wait on.
+    pub fn waker(&self, route: &str) -> Arc<Notify> {
+        let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(wakers.entry(route.to_owned()).or_default())
+    }
+
+    /// A message was appended to `route`'s queue: one idle worker takes it.
+    pub fn wake(&self, route: &str) {
+        let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(waker) = wakers.get(route) {
+            waker.notify_one();
+        }
+    }
 }
 
 /// How fresh the last successful store ping must be for `/readyz`.
@@ -73,11 +105,14 @@ impl Gateway {
             admin_token: config.server.admin_token.clone(),
             tasks: TaskTracker::new(),
             abandon: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             orphan_releases: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             workers_starting: AtomicUsize::new(config.server.workers),
             store_ok_ms: AtomicU64::new(0),
             tls: OnceLock::new(),
+            deliveries: Deliveries::default(),
+            append_failed_ms: AtomicU64::new(0),
         })
     }
 
@@ -99,14 +134,36 @@ impl Gateway {
 
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.stopping.cancel();
+    }
+
+    /// Completes once shutdown has started.
+    pub fn stopping(&self) -> WaitForCancellationFuture<'_> {
+        self.stopping.cancelled()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.is_cancelled()
     }
 
     pub fn is_ready(&self) -> bool {
-        let last = self.store_ok_ms.load(Ordering::Relaxed);
+        let (last, now) = (self.store_ok_ms.load(Ordering::Relaxed), unix_ms());
+        let failed = self.append_failed_ms.load(Ordering::Relaxed);
+        let window = READY_WINDOW.as_millis() as u64;
         !self.draining.load(Ordering::SeqCst)
             && self.workers_starting.load(Ordering::SeqCst) == 0
             && last != 0
-            && unix_ms().saturating_sub(last) <= READY_WINDOW.as_millis() as u64
+            && now.saturating_sub(last) <= window
+            && (failed == 0 || now.saturating_sub(failed) > window)
+    }
+
+    /// Records how an append went: while appends fail, `/readyz` answers 503 (until
+    /// one succeeds, or none has failed for the readiness window).
+    pub fn note_append(&self, ok: bool) {
+        let value = if ok { 0 } else { unix_ms().max(1) };
+        if self.append_failed_ms.load(Ordering::Relaxed) != value {
+            self.append_failed_ms.store(value, Ordering::Relaxed);
+        }
     }
 
     /// The metrics as `/metrics` serves them, with the gauges read now (readiness, the

@@ -140,6 +140,10 @@ async fn keyed(
             Mode::Enforce => config.policy.on_missing_key,
         };
         let result = match policy {
+            // Queued like any message, without a marker (a handshake is answered by the bot).
+            OnMissingKey::Forward if config.policy.delivery.queue().is_some() && !handshake => {
+                dedup::append_unkeyed(gw, route, dedup::Request { head, body, peer }).await
+            }
             OnMissingKey::Forward => answer::forward_unowned(route, head, Body::full(body), peer, Outcome::NoKey).await,
             OnMissingKey::Reject => Err(GatewayError::MissingKey),
             OnMissingKey::Ack => Ok(Answer {

@@ -8,16 +8,21 @@
 //! order from the top (`.ci/imports.py` checks that no two modules import each other,
 //! directly or round a cycle):
 //!
-//! - [`server`]: runs a gateway: store checks, the admin listener, the proxy listener.
+//! - [`server`]: runs a gateway: store checks, the admin listener, the delivery
+//!   workers, the proxy listener.
 //! - [`admin`]: the admin listener (probes, metrics, `POST /reload` with
-//!   [`admin::reload`], the keys API in [`admin::keys`]) and the CLI's client of it.
+//!   [`admin::reload`], the keys API in [`admin::keys`], the queue API in
+//!   [`admin::queue`]) and the CLI's client of it.
 //! - [`inbound`]: the proxy listener and its workers ([`inbound::listener`]), one
 //!   connection (HTTP/1.1 or h2c) and its slow- and idle-client bounds
 //!   ([`inbound::connection`]), the HTTP/1 framing guard ([`inbound::guard`]).
 //! - [`handler`]: one request: route, read the body, check the sender, derive the key,
 //!   hand over to the state machine.
-//! - [`dedup`]: the state machine (claim -> forward -> complete | release; what a
-//!   request that finds its key claimed gets). `dedup/STATE_MACHINE.md` draws it.
+//! - [`queue`]: the delivery workers of queued routes (take a message from the store,
+//!   deliver it, record how it ended: delivered, retry, dead letter).
+//! - [`dedup`]: the state machine (claim -> forward -> complete | release, or on a
+//!   queued route claim -> append -> QUEUED; what a request that finds its key claimed
+//!   gets). `dedup/STATE_MACHINE.md` draws it.
 //! - [`answer`]: what a request is answered with when it is no error: the upstream's
 //!   response (also for requests nobody claims), or the route's duplicate answer.
 //! - [`error`]: the errors that end a request, and their one mapping to an answer.
@@ -27,7 +32,8 @@
 //!   ([`upstream::rewrite`]), connections per worker ([`upstream::pool`]), the
 //!   HTTP/1.1 client ([`upstream::client`]).
 //! - [`routing`]: which route serves a path.
-//! - [`store`]: the `Store` contract; [`store::memory`] and [`store::redis`].
+//! - [`store`]: the `Store` and `QueueStore` contracts; [`store::memory`],
+//!   [`store::sqlite`] and [`store::redis`].
 //! - [`config`]: `gateway.toml` into validated types, a file per section; every
 //!   problem with its key path.
 //! - [`senders`]: sender presets ([`senders::presets`], data), signature checks and
@@ -53,6 +59,7 @@ pub mod inbound;
 pub mod key;
 pub mod metrics;
 pub mod outcome;
+pub mod queue;
 pub mod routing;
 pub mod secret;
 pub mod senders;

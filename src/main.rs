@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use dedup_gateway::admin::client::{KeyAction, admin_url, key_request};
+use dedup_gateway::admin::client::{KeyAction, QueueAction, admin_url, key_request, queue_request};
 use dedup_gateway::admin::reload::Reloader;
 use dedup_gateway::config::{Backend, Config, RouteConfig, processing_ttl_floor};
 use dedup_gateway::key::{Input, Refused, stored_key};
@@ -74,6 +74,52 @@ enum Command {
         /// The body; '-' or absent reads standard input.
         file: Option<PathBuf>,
     },
+    /// Queued delivery: what waits, what died; retry or drop dead letters (asks a
+    /// running gateway's admin listener).
+    Queue {
+        #[command(subcommand)]
+        action: QueueCommand,
+        /// The admin listener (default: server.admin_listen of --config, on loopback
+        /// when it listens on every address). The bearer token, if the config sets
+        /// admin_token_env, is read from that variable.
+        #[arg(long, value_name = "URL", global = true)]
+        admin: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum QueueCommand {
+    /// Per queued route: ready, scheduled, delivering, dead, age of the oldest.
+    Status,
+    /// A route's dead letters, the oldest first.
+    Dead {
+        route: String,
+        /// At most this many (default 100).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Puts dead letters back in the queue (attempts reset): one by id, or --all.
+    Retry {
+        route: String,
+        /// The message id (as listed by `queue dead`, or as the route's key yields it).
+        #[arg(required_unless_present = "all")]
+        id: Option<String>,
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+    /// Drops a dead letter for good; its marker is released.
+    Drop { route: String, id: String },
+}
+
+impl From<QueueCommand> for QueueAction {
+    fn from(command: QueueCommand) -> Self {
+        match command {
+            QueueCommand::Status => QueueAction::Status,
+            QueueCommand::Dead { route, limit } => QueueAction::Dead { route, limit },
+            QueueCommand::Retry { route, id, .. } => QueueAction::Retry { route, id },
+            QueueCommand::Drop { route, id } => QueueAction::Drop { route, id },
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -92,6 +138,9 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Serve => serve(&cli.config),
         Command::Check => check(&cli.config),
+        Command::Queue { action, admin } => ask_admin(&cli.config, admin, |url, token| async move {
+            queue_request(&url, &QueueAction::from(action), token.as_deref()).await
+        }),
         Command::Key {
             route,
             inspect: Some(id),
@@ -272,10 +321,25 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         Backend::Memory { max_entries, max_bytes } => {
             format!("memory (max_entries {max_entries}, max_bytes {max_bytes})")
         }
-        Backend::Redis { target, pool_size } if target.skips_tls_verification() => {
-            format!("redis {target} (pool_size {pool_size}), TLS CERTIFICATE CHECKS OFF (tls_skip_verify)")
+        Backend::Sqlite { path, fsync, max_bytes } => {
+            format!(
+                "sqlite {} (fsync {}, max_bytes {max_bytes})",
+                path.display(),
+                name_of(*fsync)
+            )
         }
-        Backend::Redis { target, pool_size } => format!("redis {target} (pool_size {pool_size})"),
+        Backend::Redis {
+            target,
+            pool_size,
+            wait_replicas,
+        } => {
+            let tls = if target.skips_tls_verification() {
+                ", TLS CERTIFICATE CHECKS OFF (tls_skip_verify)"
+            } else {
+                ""
+            };
+            format!("redis {target} (pool_size {pool_size}, wait_replicas {wait_replicas}){tls}")
+        }
     };
     say!(
         out,
@@ -284,6 +348,15 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
         st.key_prefix,
         name_of(st.on_error)
     );
+    if let Backend::Redis { target, .. } = &st.backend
+        && config.routes.iter().any(|r| r.policy.delivery.queue().is_some())
+    {
+        // The queue lives in this Redis: say if it may lose what it holds.
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        for warning in runtime.block_on(dedup_gateway::store::redis::durability(target, st.timeout)) {
+            say!(out, "warning: store: {warning}");
+        }
+    }
     for route in &config.routes {
         print_route(&mut out, route, st.timeout);
     }
@@ -319,6 +392,19 @@ fn print_route(out: &mut String, r: &RouteConfig, store_timeout: std::time::Dura
         name_of(p.on_missing_key),
         p.replay
     );
+    match p.delivery.queue() {
+        None => say!(out, "  delivery sync"),
+        Some(q) => {
+            let waits: Vec<String> = q.retry_schedule.iter().map(|w| d(*w)).collect();
+            say!(
+                out,
+                "  delivery queued: retry_schedule [{}], delivery_concurrency {}, max_queued {}",
+                waits.join(", "),
+                q.concurrency,
+                q.max_queued
+            );
+        }
+    }
     say!(
         out,
         "  duplicate answer: {} {:?} ({})",
@@ -353,6 +439,18 @@ fn print_route(out: &mut String, r: &RouteConfig, store_timeout: std::time::Dura
 
 /// `key --inspect ID` / `key --forget ID`: asks the running gateway's admin listener.
 fn admin_key(path: &Path, route: &str, id: &str, action: KeyAction, admin: Option<String>) -> anyhow::Result<ExitCode> {
+    ask_admin(path, admin, |url, token| async move {
+        key_request(&url, route, id, action, token.as_deref()).await
+    })
+}
+
+/// Sends one request to the admin listener (`admin`, else the config's) with the
+/// config's admin token, and prints the answer (JSON pretty-printed); fails unless 2xx.
+fn ask_admin<F, Fut>(path: &Path, admin: Option<String>, ask: F) -> anyhow::Result<ExitCode>
+where
+    F: FnOnce(String, Option<String>) -> Fut,
+    Fut: Future<Output = Result<(http::StatusCode, String), dedup_gateway::admin::client::ClientError>>,
+{
     let config = load(path)?;
     let admin = match admin {
         Some(url) => url,
@@ -363,7 +461,7 @@ fn admin_key(path: &Path, route: &str, id: &str, action: KeyAction, admin: Optio
     };
     let token = config.server.admin_token.as_ref().map(|t| t.expose().to_owned());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (status, body) = runtime.block_on(key_request(&admin, route, id, action, token.as_deref()))?;
+    let (status, body) = runtime.block_on(ask(admin.clone(), token))?;
     match serde_json::from_str::<serde_json::Value>(&body) {
         Ok(json) => println!("{}", serde_json::to_string_pretty(&json)?),
         Err(_) => print!("{body}"),

@@ -2,7 +2,7 @@
 //! outcome, class, op; never a key or a path). Per-route handles are resolved once when
 //! routes are built, so counting a request is an atomic add, not a map lookup.
 
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -40,6 +40,41 @@ struct OpLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueStateLabels {
+    route: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    route: String,
+    result: &'static str,
+}
+
+/// How one delivery attempt of a queued message ended (`dedup_deliveries_total{result}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// 2xx: the marker is COMPLETED.
+    Delivered,
+    /// Failed; tried again after the schedule's next wait.
+    Retry,
+    /// A dead letter now (4xx, 3xx, or the schedule used up).
+    Dead,
+}
+
+impl Delivery {
+    const ALL: [Delivery; 3] = [Self::Delivered, Self::Retry, Self::Dead];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retry => "retry",
+            Self::Dead => "dead",
+        }
+    }
 }
 
 /// How a background release of a claim that may have landed ended
@@ -146,6 +181,14 @@ fn store_histogram() -> Histogram {
     ])
 }
 
+fn lag_histogram() -> Histogram {
+    // From "delivered at once" to "after the default schedule's last retry".
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0,
+        86400.0,
+    ])
+}
+
 fn age_histogram() -> Histogram {
     // From "retried at once" to "a week later": what completed_ttl must cover.
     Histogram::new([
@@ -170,6 +213,11 @@ pub struct Metrics {
     orphan_releases: [Counter; OrphanRelease::ALL.len()],
     ready: Gauge,
     tls_expiry: Gauge<i64, AtomicI64>,
+    queue_messages: Family<QueueStateLabels, Gauge>,
+    queue_oldest: Family<RouteLabels, Gauge<f64, AtomicU64>>,
+    deliveries: Family<DeliveryLabels, Counter>,
+    delivery_lag: HistogramFamily<RouteLabels>,
+    queue_append: (Histogram, Counter),
 }
 
 impl Metrics {
@@ -255,6 +303,42 @@ impl Metrics {
             "Build information",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let queue_messages = Family::<QueueStateLabels, Gauge>::default();
+        registry.register(
+            "dedup_queue_messages",
+            "Messages a queued route holds, by state (ready, scheduled, delivering, dead); read when scraped",
+            queue_messages.clone(),
+        );
+        let queue_oldest = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "dedup_queue_oldest_seconds",
+            "Age of the oldest message a queued route has not delivered yet (dead letters aside); 0 when none",
+            queue_oldest.clone(),
+        );
+        let deliveries = Family::<DeliveryLabels, Counter>::default();
+        registry.register(
+            "dedup_deliveries",
+            "Delivery attempts of queued messages, by how they ended (delivered, retry, dead)",
+            deliveries.clone(),
+        );
+        let delivery_lag: HistogramFamily<RouteLabels> = Family::new_with_constructor(lag_histogram);
+        registry.register(
+            "dedup_delivery_lag_seconds",
+            "Time from a queued message's ack to its delivery's 2xx",
+            delivery_lag.clone(),
+        );
+        let append_duration = store_histogram();
+        registry.register(
+            "dedup_queue_append_duration_seconds",
+            "Time to store a queued message (the append and its marker), before the ack",
+            append_duration.clone(),
+        );
+        let append_errors = Counter::default();
+        registry.register(
+            "dedup_queue_append_errors",
+            "Appends that failed (the sender was told to retry)",
+            append_errors.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -269,7 +353,37 @@ impl Metrics {
             orphan_releases,
             ready,
             tls_expiry: Gauge::default(),
+            queue_messages,
+            queue_oldest,
+            deliveries,
+            delivery_lag,
+            queue_append: (append_duration, append_errors),
         }
+    }
+
+    /// Times one append (`dedup_queue_append_duration_seconds`), counting a failure.
+    pub fn queue_append(&self, elapsed: Duration, failed: bool) {
+        self.queue_append.0.observe(elapsed.as_secs_f64());
+        if failed {
+            self.queue_append.1.inc();
+        }
+    }
+
+    /// Sets a queued route's `dedup_queue_messages` and `dedup_queue_oldest_seconds`.
+    pub fn set_queue(&self, route: &str, states: [(&'static str, u64); 4], oldest: Duration) {
+        for (state, n) in states {
+            let labels = QueueStateLabels {
+                route: route.to_owned(),
+                state,
+            };
+            self.queue_messages
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        let labels = RouteLabels {
+            route: route.to_owned(),
+        };
+        self.queue_oldest.get_or_create(&labels).set(oldest.as_secs_f64());
     }
 
     /// Adds `dedup_store_entries` and `dedup_store_bytes` (only the memory store, which
@@ -330,6 +444,15 @@ impl Metrics {
             upstream_duration: self.upstream_duration.get_or_create(&labels).clone(),
             duplicate_age: self.duplicate_age.get_or_create(&labels).clone(),
             in_flight: self.in_flight.get_or_create(&labels).clone(),
+            deliveries: Delivery::ALL.map(|d| {
+                self.deliveries
+                    .get_or_create(&DeliveryLabels {
+                        route: route.to_owned(),
+                        result: d.label(),
+                    })
+                    .clone()
+            }),
+            delivery_lag: self.delivery_lag.get_or_create(&labels).clone(),
         }
     }
 
@@ -452,6 +575,8 @@ pub struct RouteMetrics {
     upstream_duration: Histogram,
     duplicate_age: Histogram,
     in_flight: Gauge,
+    deliveries: [Counter; Delivery::ALL.len()],
+    delivery_lag: Histogram,
 }
 
 /// Counts one request in `dedup_in_flight{route}` until dropped.
@@ -475,6 +600,16 @@ impl RouteMetrics {
 
     pub fn duplicate_age(&self, age: Duration) {
         self.duplicate_age.observe(age.as_secs_f64());
+    }
+
+    /// Counts a delivery attempt of a queued message.
+    pub fn delivery(&self, how: Delivery) {
+        self.deliveries[how as usize].inc();
+    }
+
+    /// A queued message delivered `lag` after its ack.
+    pub fn delivery_lag(&self, lag: Duration) {
+        self.delivery_lag.observe(lag.as_secs_f64());
     }
 
     /// Requests in flight on this route now.

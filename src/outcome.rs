@@ -18,10 +18,14 @@ pub enum Outcome {
     ShadowDuplicate,
     ShadowInFlight,
     Aborted,
+    /// A queued route stored the message: the route's ack.
+    Queued,
+    /// A queued route holds `max_queued` messages: 503, nothing stored.
+    QueueFull,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Forwarded,
         Outcome::Duplicate,
         Outcome::Replayed,
@@ -35,6 +39,8 @@ impl Outcome {
         Outcome::ShadowDuplicate,
         Outcome::ShadowInFlight,
         Outcome::Aborted,
+        Outcome::Queued,
+        Outcome::QueueFull,
     ];
 
     /// The `outcome` label of `dedup_requests_total`.
@@ -53,6 +59,8 @@ impl Outcome {
             Outcome::ShadowDuplicate => "shadow_duplicate",
             Outcome::ShadowInFlight => "shadow_in_flight",
             Outcome::Aborted => "aborted",
+            Outcome::Queued => "queued",
+            Outcome::QueueFull => "queue_full",
         }
     }
 
@@ -72,6 +80,8 @@ impl Outcome {
             Outcome::ShadowDuplicate => "shadow-duplicate",
             Outcome::ShadowInFlight => "shadow-in-flight",
             Outcome::Aborted => "aborted",
+            Outcome::Queued => "queued",
+            Outcome::QueueFull => "queue-full",
         })
     }
 

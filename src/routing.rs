@@ -52,7 +52,8 @@ impl Routes {
         self.all().map(|route| route.metrics.in_flight_now()).sum()
     }
 
-    fn all(&self) -> impl Iterator<Item = &Arc<Route>> {
+    /// Every route, in no particular order.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.exact.values().chain(self.prefixes.iter().map(|(_, route)| route))
     }
 

@@ -1,5 +1,6 @@
 //! Running a gateway: the listeners, bound before anything runs (tests bind port 0),
-//! then the store checks, the admin listener and the proxy listener until shutdown.
+//! then the store checks, the admin listener, the delivery workers of queued routes and
+//! the proxy listener until shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -58,6 +59,7 @@ pub async fn run(
     }
     gw.check_store().await;
     gw.spawn_store_checks();
+    crate::queue::start(&gw);
     let admin = listeners.admin.as_ref().and_then(|l| l.local_addr().ok());
     if let Some(socket) = listeners.admin {
         admin::spawn(Arc::clone(&gw), socket, reloader);

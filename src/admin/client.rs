@@ -1,5 +1,5 @@
-//! The client side of `/keys/...`, for `dedup-gateway key --inspect | --forget`: one
-//! request to a running gateway's admin listener.
+//! The client side of the admin API, for `dedup-gateway key --inspect | --forget` and
+//! `dedup-gateway queue ...`: one request to a running gateway's admin listener.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -54,13 +54,56 @@ pub async fn key_request(
     action: KeyAction,
     token: Option<&str>,
 ) -> Result<(StatusCode, String), ClientError> {
-    let base = admin.trim_end_matches('/');
     let (method, query) = match action {
         KeyAction::Inspect => (Method::GET, ""),
         KeyAction::Forget { force: true } => (Method::DELETE, "?force=true"),
         KeyAction::Forget { force: false } => (Method::DELETE, ""),
     };
-    let url = format!("{base}/keys/{}/{}{query}", encode(route), encode(id));
+    let path = format!("/keys/{}/{}{query}", encode(route), encode(id));
+    request(admin, method, &path, token).await
+}
+
+/// What `dedup-gateway queue ...` asks.
+#[derive(Clone, Debug)]
+pub enum QueueAction {
+    Status,
+    Dead { route: String, limit: Option<usize> },
+    Retry { route: String, id: Option<String> },
+    Drop { route: String, id: String },
+}
+
+/// Sends the queue API request for `action` and returns the status and the body.
+pub async fn queue_request(
+    admin: &str,
+    action: &QueueAction,
+    token: Option<&str>,
+) -> Result<(StatusCode, String), ClientError> {
+    let (method, path) = match action {
+        QueueAction::Status => (Method::GET, "/queue".to_owned()),
+        QueueAction::Dead { route, limit } => {
+            let limit = limit.map_or(String::new(), |n| format!("?limit={n}"));
+            (Method::GET, format!("/queue/{}/dead{limit}", encode(route)))
+        }
+        QueueAction::Retry { route, id: Some(id) } => (
+            Method::POST,
+            format!("/queue/{}/dead/{}/retry", encode(route), encode(id)),
+        ),
+        QueueAction::Retry { route, id: None } => (Method::POST, format!("/queue/{}/dead/retry", encode(route))),
+        QueueAction::Drop { route, id } => (Method::DELETE, format!("/queue/{}/dead/{}", encode(route), encode(id))),
+    };
+    request(admin, method, &path, token).await
+}
+
+/// Sends `method path` (`path` percent-encoded already) to the admin listener at
+/// `admin` and returns the status and the body.
+async fn request(
+    admin: &str,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(StatusCode, String), ClientError> {
+    let base = admin.trim_end_matches('/');
+    let url = format!("{base}{path}");
     let uri: Uri = url.parse().map_err(|_| ClientError::Url(admin.to_owned()))?;
     if uri.scheme_str() != Some("http") || uri.authority().is_none_or(|a| a.as_str().contains('@')) {
         return Err(ClientError::Url(admin.to_owned()));

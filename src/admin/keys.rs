@@ -38,7 +38,7 @@ impl KeyPath {
 }
 
 /// Decodes `%XX` escapes (no `+` for space: this is a path). The id must be UTF-8.
-fn percent_decode(text: &str) -> Result<String, String> {
+pub(super) fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

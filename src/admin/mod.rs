@@ -1,12 +1,15 @@
 //! The admin listener: `/healthz` and `/livez` (the process runs), `/readyz` (config
 //! loaded, store answering, not draining), `/metrics` (OpenMetrics text),
 //! `POST /reload` (re-read the config file, as SIGHUP does) and `/keys/<route>/<id>`
-//! (inspect or forget one message's marker, [`keys`]). With `admin_token_env` set, the
-//! endpoints that change something (`POST /reload`, `DELETE /keys/...`) need
-//! `Authorization: Bearer <token>`; probes and `/metrics` stay open.
+//! (inspect or forget one message's marker, [`keys`]), `/queue...` (queued routes'
+//! queues and dead letters, [`queue`]). With `admin_token_env` set, the endpoints that
+//! change something (`POST /reload`, `DELETE /keys/...`, `POST` and `DELETE
+//! /queue/...`) need `Authorization: Bearer <token>`; probes, `/metrics` and the reads
+//! stay open.
 
 pub mod client;
 pub mod keys;
+pub mod queue;
 pub mod reload;
 
 use std::convert::Infallible;
@@ -67,12 +70,24 @@ async fn respond(gw: Arc<Gateway>, reloader: Option<Arc<Reloader>>, req: Request
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE only\n"),
         };
     }
+    if path == "/queue" || path.starts_with("/queue/") {
+        let (method, query) = (req.method().clone(), req.uri().query());
+        return match method {
+            _ if read => json(queue::serve(&gw, &method, path, query).await),
+            Method::POST | Method::DELETE => match authorize(&gw, &req) {
+                None => json(queue::serve(&gw, &method, path, query).await),
+                Some(denied) => denied,
+            },
+            _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET, POST or DELETE only\n"),
+        };
+    }
     match (path, read) {
         ("/healthz" | "/livez", true) => text(StatusCode::OK, "ok\n"),
         ("/readyz", true) if gw.is_ready() => text(StatusCode::OK, "ready\n"),
         ("/readyz", true) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", true) => {
             let format = crate::metrics::Format::negotiate(req.headers());
+            queue::refresh_metrics(&gw).await;
             let body = gw.render_metrics(format);
             let mut response = Response::new(Body::full(body));
             response

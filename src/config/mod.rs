@@ -8,6 +8,7 @@
 
 pub mod cidr;
 pub mod policy;
+pub mod queue;
 pub mod read;
 mod route;
 mod server;
@@ -19,7 +20,7 @@ use std::path::Path;
 use read::{Problems, Section};
 pub use route::{DuplicateAnswer, PathPattern, RouteConfig, RoutePolicy, processing_ttl_floor, ttl_problems};
 pub use server::ServerConfig;
-pub use store::{Backend, DEFAULT_POOL_SIZE, RedisTarget, StoreConfig};
+pub use store::{Backend, DEFAULT_POOL_SIZE, Fsync, RedisTarget, StoreConfig};
 pub use target::Target;
 
 /// The whole validated configuration.

@@ -6,9 +6,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
-use super::StoreConfig;
-use super::Target;
+use super::queue::{Delivery, QueueSettings};
 use super::read::{Problems, Section};
+use super::{Backend, StoreConfig, Target};
+use crate::config::policy::OnStoreError;
 use crate::config::policy::{InFlight, Mode, OnMissingKey, OnUpstreamTimeout};
 use crate::key::{Alternative, KeySpec};
 use crate::secret::Secret;
@@ -83,6 +84,8 @@ pub struct RoutePolicy {
     pub on_missing_key: OnMissingKey,
     pub replay: bool,
     pub duplicate: DuplicateAnswer,
+    /// `delivery`: sync, or queued with its queue's settings.
+    pub delivery: Delivery,
 }
 
 /// Settings as written in one table; `None` means "not set here".
@@ -106,6 +109,7 @@ pub(super) struct Settings {
     aes_key: Option<Configured<Secret>>,
     app_id: Option<Configured<String>>,
     require_encryption: Option<Configured<bool>>,
+    queue: QueueSettings,
 }
 
 /// A credential and the key path it came from (for problems; never the value).
@@ -171,6 +175,7 @@ impl Settings {
                 value: on,
                 path: s.path_of("require_encryption"),
             }),
+            queue: QueueSettings::read(s, problems),
             upstream_timeout: positive(s, "upstream_timeout", problems),
             key: key_spec(s, problems),
             processing_ttl: positive(s, "processing_ttl", problems),
@@ -404,6 +409,18 @@ pub(super) fn build_routes(
         let policy = merge(&own, &filled, defaults);
         if let Some(store) = store {
             check_ttls(&s, &policy, store.timeout, problems);
+            check_delivery(&s, &policy, store, problems);
+        }
+        if policy.delivery == Delivery::Sync && own.queue.sets_queue_settings() {
+            problems.warn(
+                s.path_of("delivery"),
+                "sync: retry_schedule, delivery_concurrency and max_queued are ignored",
+            );
+        }
+        if let (Delivery::Queued(_), Some(sender)) = (&policy.delivery, &sender) {
+            for warning in senders::queued_warnings(sender) {
+                problems.warn(s.path_of("delivery"), warning);
+            }
         }
         s.finish(problems);
         if let (Some(name), Some(path), Some(upstream), Some(key)) = (name, path, upstream, key) {
@@ -449,6 +466,42 @@ fn merge(own: &Settings, preset: &Settings, defaults: &Settings) -> RoutePolicy 
                 HeaderValue::from_static("text/plain; charset=utf-8")
             ),
         },
+        delivery: QueueSettings::merge(&own.queue, &defaults.queue),
+    }
+}
+
+/// A queued route needs a durable store (the queue is in it) that is the queue's
+/// only road: what cannot be stored is refused, never forwarded past the queue.
+fn check_delivery(s: &Section, r: &RoutePolicy, store: &StoreConfig, problems: &mut Problems) {
+    if r.delivery == Delivery::Sync {
+        return;
+    }
+    if matches!(store.backend, Backend::Memory { .. }) {
+        problems.push(
+            s.path_of("delivery"),
+            "\"queued\" needs a durable store for its queue: set store.backend = \"sqlite\" (one instance, \
+             path = \"...\") or \"redis\" (shared by replicas)",
+        );
+    }
+    if store.on_error == OnStoreError::Forward {
+        problems.push(
+            s.path_of("delivery"),
+            "\"queued\" with store.on_error = \"forward\": on a queued route the store is the queue, so a \
+             message it cannot store is refused (503), never forwarded; set on_error = \"reject\"",
+        );
+    }
+    if r.replay {
+        problems.push(
+            s.path_of("replay"),
+            "not with delivery = \"queued\": the sender is answered before the bot is asked",
+        );
+    }
+    if r.mode == Mode::Shadow {
+        problems.push(
+            s.path_of("mode"),
+            "\"shadow\" forwards every request as it comes; with delivery = \"queued\" it would queue nothing: \
+             try the route in shadow mode with delivery = \"sync\" first",
+        );
     }
 }
 

@@ -1,5 +1,6 @@
-//! `[store]`: the backend (memory or Redis) and how store failures are answered.
+//! `[store]`: the backend (memory, SQLite or Redis) and how store failures are answered.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::policy::OnStoreError;
@@ -18,8 +19,36 @@ pub struct StoreConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
-    Memory { max_entries: usize, max_bytes: u64 },
-    Redis { target: RedisTarget, pool_size: usize },
+    Memory {
+        max_entries: usize,
+        max_bytes: u64,
+    },
+    /// One SQLite file: markers and queues, durable across restarts.
+    Sqlite {
+        path: PathBuf,
+        fsync: Fsync,
+        max_bytes: u64,
+    },
+    Redis {
+        target: RedisTarget,
+        pool_size: usize,
+        /// Replicas an append waits for (`WAIT`) before the ack; 0: none.
+        wait_replicas: u32,
+    },
+}
+
+/// When the SQLite store makes a commit durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fsync {
+    /// Every commit reaches the disk before it is answered (concurrent ones share a
+    /// commit): an acknowledged message survives power loss.
+    Always,
+    /// Commits are left to the OS: survives a crash of the process, not of the machine.
+    Never,
+}
+
+impl read::Choice for Fsync {
+    const NAMES: &'static [(&'static str, Self)] = &[("always", Self::Always), ("never", Self::Never)];
 }
 
 /// Where the Redis store is. The URLs may hold a password: `Debug` and `Display`
@@ -79,6 +108,9 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
     }
     let cluster = cluster_setting(&mut s, problems);
     let pool_size = s.integer("pool_size", 4096, problems);
+    let wait_replicas = s.integer("wait_replicas", 16, problems);
+    let path = s.string("path", problems).map(PathBuf::from);
+    let fsync = s.choice::<Fsync>("fsync", problems);
     let timeout = s.duration("timeout", problems).unwrap_or(Duration::from_millis(250));
     let key_prefix = s.string("key_prefix", problems).unwrap_or("dedup:").to_owned();
     let on_error = s.choice("on_error", problems).unwrap_or(OnStoreError::Reject);
@@ -111,10 +143,17 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
             for (key, set) in [
                 ("tls_skip_verify", s.has("tls_skip_verify")),
                 ("pool_size", pool_size.is_some()),
+                ("wait_replicas", wait_replicas.is_some()),
             ] {
                 if set {
                     ignored(key, "redis", problems);
                 }
+            }
+            if path.is_some() {
+                only_for("path", "sqlite", problems);
+            }
+            if fsync.is_some() {
+                ignored("fsync", "sqlite", problems);
             }
             let max_bytes = max_bytes.unwrap_or(256 << 20);
             if max_bytes < MIN_MAX_BYTES {
@@ -134,6 +173,48 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
                 }),
             }
         }
+        "sqlite" => {
+            for key in ["url", "url_env", "cluster", "cluster_env"] {
+                if s.has(key) {
+                    only_for(key, "redis", problems);
+                }
+            }
+            for (key, set) in [
+                ("tls_skip_verify", s.has("tls_skip_verify")),
+                ("pool_size", pool_size.is_some()),
+                ("wait_replicas", wait_replicas.is_some()),
+                ("max_entries", max_entries.is_some()),
+            ] {
+                if set {
+                    ignored(key, if key == "max_entries" { "memory" } else { "redis" }, problems);
+                }
+            }
+            let max_bytes = max_bytes.unwrap_or(1 << 30);
+            if max_bytes < MIN_SQLITE_BYTES {
+                problems.push(
+                    s.path_of("max_bytes"),
+                    format!("must be at least {MIN_SQLITE_BYTES} bytes (the file's size: room for its tables)"),
+                );
+            }
+            match path {
+                Some(path) if !path.as_os_str().is_empty() => Some(Backend::Sqlite {
+                    path,
+                    fsync: fsync.unwrap_or(Fsync::Always),
+                    max_bytes,
+                }),
+                _ => {
+                    if !s.has("path") {
+                        problems.push(
+                            s.path_of("path"),
+                            "backend = \"sqlite\" needs path, the database file (created if missing, with its folder)",
+                        );
+                    } else {
+                        problems.push(s.path_of("path"), "must not be empty");
+                    }
+                    None
+                }
+            }
+        }
         "redis" => {
             for (key, set) in [
                 ("max_entries", max_entries.is_some()),
@@ -142,6 +223,12 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
                 if set {
                     ignored(key, "memory", problems);
                 }
+            }
+            if path.is_some() {
+                only_for("path", "sqlite", problems);
+            }
+            if fsync.is_some() {
+                ignored("fsync", "sqlite", problems);
             }
             let target = match (url, cluster) {
                 (Some((path, url)), None) => {
@@ -172,12 +259,17 @@ pub(super) fn parse(section: Option<Section>, problems: &mut Problems) -> Option
             if pool_size == 0 {
                 problems.push(s.path_of("pool_size"), "must be at least 1");
             }
-            target.map(|target| Backend::Redis { target, pool_size })
+            let wait_replicas = wait_replicas.map_or(0, |n| n as u32);
+            target.map(|target| Backend::Redis {
+                target,
+                pool_size,
+                wait_replicas,
+            })
         }
         other => {
             problems.push(
                 s.path_of("backend"),
-                format!("unknown backend {other:?} (expected \"memory\" or \"redis\")"),
+                format!("unknown backend {other:?} (expected \"memory\", \"sqlite\" or \"redis\")"),
             );
             None
         }
@@ -198,6 +290,10 @@ pub const DEFAULT_POOL_SIZE: u64 = 1;
 
 /// The smallest `max_bytes` accepted: a bound that holds almost nothing is a mistake.
 const MIN_MAX_BYTES: u64 = 64 << 10;
+
+/// The smallest SQLite `max_bytes`: the file's pages for its schema and a few thousand
+/// markers.
+const MIN_SQLITE_BYTES: u64 = 1 << 20;
 
 /// `store.url`, or the environment variable `store.url_env` names (so the password
 /// can come from a Secret), with the key path to report problems at.

@@ -16,7 +16,10 @@
 //! - rare branches with large futures (connecting, reading a body for `replay`) are
 //!   boxed.
 
+mod enqueue;
 mod owner;
+
+pub use enqueue::append_unkeyed;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -169,6 +172,10 @@ impl Task {
                     None => claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await,
                 };
                 let marker = match claimed {
+                    // Boxed: the append's future would make every sync request's larger.
+                    Ok(Claim::Claimed) if policy.delivery.queue().is_some() => {
+                        return Box::pin(enqueue::append(&self, req)).await;
+                    }
                     Ok(Claim::Claimed) => return owner::forward(&self, req).await,
                     Ok(Claim::Found(marker)) => marker,
                     Err(ClaimFailed { error, may_have_landed }) => {
@@ -196,13 +203,15 @@ impl Task {
                 }
                 if policy.mode == Mode::Shadow {
                     let outcome = match marker {
-                        Marker::Completed { .. } => Outcome::ShadowDuplicate,
+                        Marker::Completed { .. } | Marker::Queued { .. } => Outcome::ShadowDuplicate,
                         Marker::Processing { .. } => Outcome::ShadowInFlight,
                     };
                     return forward_unowned(route, req.head, Body::full(req.body), req.peer, outcome).await;
                 }
                 let holder = match marker {
                     Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
+                    // Stored: acknowledging it loses nothing.
+                    Marker::Queued { .. } => return Ok(duplicate(route, None)),
                     Marker::Processing { token, .. } => token,
                 };
                 match policy.on_in_flight {

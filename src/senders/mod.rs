@@ -520,5 +520,24 @@ pub fn warnings(sender: &Sender, completed_ttl: Duration) -> Vec<String> {
     out
 }
 
+/// What a queued route of this sender should know: the bot answers after the sender
+/// was answered, and a late attempt is older than what some bots accept.
+pub fn queued_warnings(sender: &Sender) -> Vec<String> {
+    let p = sender.preset;
+    match p.scheme {
+        Scheme::WechatMp | Scheme::Wecom => vec![format!(
+            "queued {}: the sender gets the ack, so a passive reply in the bot's answer is lost; the bot must \
+             reply through the API (customer service messages)",
+            p.name
+        )],
+        Scheme::Slack | Scheme::Stripe | Scheme::StandardWebhooks => vec![format!(
+            "queued {}: the signature's timestamp goes with the message, and an attempt after a retry wait is \
+             older than the 5 minutes the sender's SDKs accept: a bot that checks signatures must allow it",
+            p.name
+        )],
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests;

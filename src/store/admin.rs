@@ -8,6 +8,8 @@ use std::time::Duration;
 pub enum KeyState {
     Processing,
     Completed,
+    /// Held in a queued route's queue (see [`crate::store::Marker::Queued`]).
+    Queued,
 }
 
 impl KeyState {
@@ -15,6 +17,7 @@ impl KeyState {
         match self {
             KeyState::Processing => "PROCESSING",
             KeyState::Completed => "COMPLETED",
+            KeyState::Queued => "QUEUED",
         }
     }
 }

@@ -1,13 +1,18 @@
-//! Where markers live: the [`Store`] contract the state machine relies on, and its
-//! backends (embedded memory, Redis).
+//! Where markers live: the [`Store`] contract the state machine relies on, the
+//! [`QueueStore`] contract of queued routes, and the backends (embedded memory,
+//! embedded SQLite, Redis).
 //!
-//! A marker is PROCESSING (held by one owner token, short TTL) or COMPLETED (long TTL,
-//! maybe with the upstream's response). Claim is atomic; complete and release act only
-//! while the marker still holds the caller's token.
+//! A marker is PROCESSING (held by one owner token, short TTL), COMPLETED (long TTL,
+//! maybe with the upstream's response) or, on a queued route, QUEUED (its message is
+//! in the queue; no TTL). Claim is atomic; complete and release act only while the
+//! marker still holds the caller's token.
 
 pub mod admin;
 pub mod memory;
+pub mod queue;
 pub mod redis;
+pub mod sqlite;
+mod waits;
 
 use std::fmt;
 use std::future::Future;
@@ -24,7 +29,9 @@ use http::{HeaderValue, StatusCode};
 
 pub use admin::{Forgotten, KeyInfo, KeyState};
 pub use memory::MemoryStore;
+pub use queue::QueueStore;
 pub use redis::RedisStore;
+pub use sqlite::SqliteStore;
 
 /// Identifies the one request that holds a PROCESSING marker. Unique across replicas:
 /// 64 random bits per process, 64 bits of counter. (Two words rather than a `u128`,
@@ -155,12 +162,20 @@ pub enum Marker {
         first_seen_ms: u64,
         response: Option<Arc<StoredResponse>>,
     },
+    /// A queued route's message is held in its queue (ready, retrying, being
+    /// delivered, or dead): acknowledged, so a duplicate is acknowledged too. No TTL
+    /// while the message is held; delivered, it becomes COMPLETED.
+    Queued {
+        first_seen_ms: u64,
+    },
 }
 
 impl Marker {
     pub fn first_seen_ms(&self) -> u64 {
         match self {
-            Marker::Processing { first_seen_ms, .. } | Marker::Completed { first_seen_ms, .. } => *first_seen_ms,
+            Marker::Processing { first_seen_ms, .. }
+            | Marker::Completed { first_seen_ms, .. }
+            | Marker::Queued { first_seen_ms } => *first_seen_ms,
         }
     }
 }
@@ -278,6 +293,7 @@ pub trait Store: Send + Sync + 'static {
 /// The configured backend, chosen at start.
 pub enum AnyStore {
     Memory(MemoryStore),
+    Sqlite(SqliteStore),
     Redis(Box<RedisStore>),
 }
 
@@ -285,19 +301,22 @@ macro_rules! each_backend {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Memory($store) => $call,
+            AnyStore::Sqlite($store) => $call,
             AnyStore::Redis($store) => $call,
         }
     };
 }
 
-/// Like `each_backend!` for async calls, with the Redis future boxed: it carries a
-/// connection, a deadline and the reply (kilobytes), and inline it would make every
-/// caller's future (the memory store's too) that large, to be moved around on every
-/// request. A network call affords the allocation.
+/// Like `each_backend!` for async calls, with the SQLite and Redis futures boxed: the
+/// Redis one carries a connection, a deadline and the reply (kilobytes), and inline it
+/// would make every caller's future (the memory store's too) that large, to be moved
+/// around on every request. A call to another thread or over the network affords the
+/// allocation.
 macro_rules! each_backend_async {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Memory($store) => $call.await,
+            AnyStore::Sqlite($store) => Box::pin($call).await,
             AnyStore::Redis($store) => Box::pin($call).await,
         }
     };
@@ -315,38 +334,41 @@ impl AnyStore {
     ) -> Option<Result<Claim, StoreError>> {
         match self {
             AnyStore::Memory(s) => Some(s.claim_now(key, token, first_seen_ms, ttl)),
-            AnyStore::Redis(_) => None,
+            AnyStore::Sqlite(_) | AnyStore::Redis(_) => None,
         }
     }
 }
 
 /// The future of a claim, complete or release on [`AnyStore`]: the memory store's reply,
-/// made when the call is (it never waits), or the Redis call, boxed. Nested `async fn`s
+/// made when the call is (it never waits), or the SQLite or Redis call, boxed. Nested `async fn`s
 /// would each keep their own copy of the arguments, and the state machine's future,
 /// which holds these calls, is moved and boxed on every request.
-enum StoreCall<T, F> {
+enum StoreCall<T, S, R> {
     Done(Option<T>),
-    Waiting(Pin<Box<F>>),
+    Sqlite(Pin<Box<S>>),
+    Redis(Pin<Box<R>>),
 }
 
-impl<T: Unpin, F: Future<Output = T>> Future for StoreCall<T, F> {
+impl<T: Unpin, S: Future<Output = T>, R: Future<Output = T>> Future for StoreCall<T, S, R> {
     type Output = T;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.get_mut() {
             StoreCall::Done(reply) => Poll::Ready(reply.take().expect("a store call polled after its reply")),
-            StoreCall::Waiting(call) => call.as_mut().poll(cx),
+            StoreCall::Sqlite(call) => call.as_mut().poll(cx),
+            StoreCall::Redis(call) => call.as_mut().poll(cx),
         }
     }
 }
 
 /// Like `each_backend!` for the calls of the state machine: the memory store's
-/// synchronous `*_now` reply, or the Redis future, boxed ([`StoreCall`]).
+/// synchronous `*_now` reply, or the SQLite or Redis future, boxed ([`StoreCall`]).
 macro_rules! each_backend_call {
     ($self:ident, $store:ident => $now:expr, $call:expr) => {
         match $self {
             AnyStore::Memory($store) => StoreCall::Done(Some($now)),
-            AnyStore::Redis($store) => StoreCall::Waiting(Box::pin($call)),
+            AnyStore::Sqlite($store) => StoreCall::Sqlite(Box::pin($call)),
+            AnyStore::Redis($store) => StoreCall::Redis(Box::pin($call)),
         }
     };
 }
@@ -415,15 +437,67 @@ impl Store for AnyStore {
     }
 }
 
+/// Like `each_backend_async!` for the queue calls: the memory store keeps no queue
+/// (the config refuses `delivery = "queued"` on it, so this is never reached).
+macro_rules! each_queue {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory(_) => Err(StoreError::Unavailable("the memory store keeps no queue".into())),
+            AnyStore::Sqlite($store) => Box::pin($call).await,
+            AnyStore::Redis($store) => Box::pin($call).await,
+        }
+    };
+}
+
+impl QueueStore for AnyStore {
+    async fn append(
+        &self,
+        route: &str,
+        message: &queue::Message,
+        max_queued: u64,
+    ) -> Result<queue::Appended, StoreError> {
+        each_queue!(self, s => s.append(route, message, max_queued))
+    }
+
+    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<queue::Lease, StoreError> {
+        each_queue!(self, s => s.lease(route, now_ms, reclaim_after))
+    }
+
+    async fn settle(&self, route: &str, leased: &queue::Leased, settled: queue::Settled) -> Result<(), StoreError> {
+        each_queue!(self, s => s.settle(route, leased, settled))
+    }
+
+    async fn counts(&self, route: &str, now_ms: u64) -> Result<queue::QueueCounts, StoreError> {
+        each_queue!(self, s => s.counts(route, now_ms))
+    }
+
+    async fn dead_letters(&self, route: &str, limit: usize) -> Result<Vec<queue::DeadLetter>, StoreError> {
+        each_queue!(self, s => s.dead_letters(route, limit))
+    }
+
+    async fn retry_dead(&self, route: &str, id: Option<&str>, now_ms: u64) -> Result<u64, StoreError> {
+        each_queue!(self, s => s.retry_dead(route, id, now_ms))
+    }
+
+    async fn drop_dead(&self, route: &str, id: &str) -> Result<bool, StoreError> {
+        each_queue!(self, s => s.drop_dead(route, id))
+    }
+}
+
 /// Opens the configured store (for Redis: connects and checks the server first).
 pub async fn connect(config: &StoreConfig) -> Result<AnyStore, StoreError> {
     match &config.backend {
         Backend::Memory { max_entries, max_bytes } => Ok(AnyStore::Memory(MemoryStore::new(*max_entries, *max_bytes))),
-        Backend::Redis { target, pool_size } => {
-            RedisStore::connect(target, *pool_size, config.timeout, &config.key_prefix)
-                .await
-                .map(|s| AnyStore::Redis(Box::new(s)))
+        Backend::Sqlite { path, fsync, max_bytes } => {
+            SqliteStore::open(path, *fsync, *max_bytes, config.timeout).map(AnyStore::Sqlite)
         }
+        Backend::Redis {
+            target,
+            pool_size,
+            wait_replicas,
+        } => RedisStore::connect(target, *pool_size, config.timeout, &config.key_prefix)
+            .await
+            .map(|s| AnyStore::Redis(Box::new(s.waiting_for(*wait_replicas)))),
     }
 }
 

@@ -14,6 +14,7 @@ mod pool;
 mod process;
 mod prometheus;
 mod proxy;
+mod queue_store;
 mod redis;
 mod rediss;
 mod secrets;

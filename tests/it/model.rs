@@ -271,6 +271,8 @@ impl<S: Store> Subject<'_, S> {
                 },
                 first_seen_ms,
             )),
+            // The model runs marker calls only; no append makes one QUEUED.
+            Some(Marker::Queued { .. }) => return Err(fail("a QUEUED marker without an append".into())),
         })
     }
 

@@ -214,7 +214,7 @@ async fn redis_cluster_store_keeps_the_contract() {
     }
 }
 
-async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
+pub async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
     let seeds = cluster
         .nodes
         .iter()

@@ -239,22 +239,26 @@ pub(super) struct Sent {
     conn: usize,
 }
 
-/// One call: a command (its name, then its arguments), a script's (its arguments, the
-/// one key first; sent as `EVALSHA <sha> 1 ...` rather than through redis-rs's
-/// `ScriptInvocation`, which collects each argument in a Vec of its own), or a pipeline.
+/// One call: a command (its name, then its arguments), a script's (how many keys, and
+/// its arguments, the keys first; sent as `EVALSHA <sha> <keys> ...` rather than
+/// through redis-rs's `ScriptInvocation`, which collects each argument in a Vec of its
+/// own), or a pipeline.
 pub(super) enum Call<'a> {
     Cmd(&'a str, &'a [Arg<'a>]),
-    Script(&'a Script, &'a [Arg<'a>]),
+    Script(&'a Script, usize, &'a [Arg<'a>]),
     Pipe(&'a redis::Pipeline),
 }
+
+/// A script's key count as `EVALSHA` takes it (no script here has more than 9 keys).
+const KEY_COUNTS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 
 impl Call<'_> {
     pub(super) async fn on<T: FromRedisValue>(&self, conn: &mut impl Conn) -> Result<T, RedisError> {
         match *self {
             Call::Cmd(name, args) => query(conn, Command { lead: &[name], args }).await,
-            Call::Script(script, args) => {
+            Call::Script(script, keys, args) => {
                 let evalsha = Command {
-                    lead: &["EVALSHA", script.get_hash(), "1"],
+                    lead: &["EVALSHA", script.get_hash(), KEY_COUNTS[keys]],
                     args,
                 };
                 match query(conn, evalsha).await {

@@ -21,18 +21,19 @@
 //!
 //! Files by job: `connection` (lanes of connections, how a failed call is read),
 //! `resp` and `command` (the store's own RESP connection), `probe` (start-up
-//! checks, readiness keys), `value` (the stored value format), `waits` (waking
-//! waiters of this process), `admin` (inspect and forget for the admin API).
+//! checks, readiness keys), `value` (the stored value format), `queue` (queued
+//! routes' streams), `admin` (inspect and forget for the admin API). Waking this
+//! process's waiters is [`crate::store::waits`], shared with SQLite.
 
 mod admin;
 mod command;
 mod connection;
 mod probe;
+mod queue;
 mod resp;
 #[cfg(test)]
 mod tests;
 mod value;
-mod waits;
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -46,7 +47,7 @@ use super::{Claim, Completion, Forgotten, KeyInfo, Marker, Store, StoreError, To
 use crate::config::RedisTarget;
 use command::Arg;
 use connection::{Call, Connections, Connector, Failure};
-pub use probe::key_slot;
+pub use probe::{durability, key_slot};
 
 /// The store's own RESP reader on `buf` (one reply, and the bytes it took; `None` while
 /// part of it has yet to arrive): for the `resp_vs_redis_rs` fuzz target.
@@ -54,9 +55,9 @@ pub use probe::key_slot;
 pub fn read_reply(buf: &[u8]) -> std::io::Result<Option<(redis::Value, usize)>> {
     resp::parse(buf)
 }
+use super::waits::{LocalWaits, poll_backoff};
 use probe::{Check, check_later, check_server, health_keys};
 use value::parse_marker;
-use waits::LocalWaits;
 
 /// PROCESSING(token) -> COMPLETED, only while the marker holds the caller's token.
 /// ARGV[1] is the PROCESSING value's prefix up to and including the token.
@@ -101,6 +102,10 @@ pub struct RedisStore {
     /// Set when a server that did not answer at start answers and cannot be the store
     /// (why): readiness then fails for good, as the claims do.
     unusable: Arc<std::sync::OnceLock<String>>,
+    /// `store.key_prefix`: queued routes' keys start with it.
+    key_prefix: String,
+    /// `store.wait_replicas`: replicas an append waits for (`WAIT`) before its ack.
+    wait_replicas: u32,
 }
 
 thread_local! {
@@ -137,6 +142,8 @@ impl RedisStore {
             del_if_eq: AtomicBool::new(true),
             local_waits: LocalWaits::default(),
             unusable: Arc::default(),
+            key_prefix: key_prefix.to_owned(),
+            wait_replicas: 0,
         };
         let mut unreachable = Vec::new();
         // Together: a seed that does not answer costs its timeout once, not once each.
@@ -179,6 +186,12 @@ impl RedisStore {
             check_later(unreachable, timeout, &store.unusable);
         }
         Ok(store)
+    }
+
+    /// The store with appends that wait for `replicas` replicas (`store.wait_replicas`).
+    pub fn waiting_for(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
     }
 
     /// This thread's traffic connections (opened on first use, on this thread).
@@ -330,7 +343,7 @@ impl RedisStore {
             Arg::Bytes(&completed),
             Arg::Int(millis(c.ttl)),
         ];
-        let done: i64 = self.call(&conns, Call::Script(&COMPLETE, &args)).await?;
+        let done: i64 = self.call(&conns, Call::Script(&COMPLETE, 1, &args)).await?;
         Ok(done == 1)
     }
 
@@ -349,7 +362,7 @@ impl RedisStore {
         }
         let prefix = value::token_prefix(token);
         let args = [key.into(), Arg::Bytes(&prefix)];
-        let deleted: i64 = self.call(&conns, Call::Script(&RELEASE, &args)).await?;
+        let deleted: i64 = self.call(&conns, Call::Script(&RELEASE, 1, &args)).await?;
         Ok(deleted == 1)
     }
 }
@@ -399,12 +412,12 @@ impl Store for RedisStore {
         Ok(raw.map(|raw| parse_marker(key, &raw)))
     }
 
-    /// Woken at once by a holder in this process ([`LocalWaits`]); else a poll,
-    /// starting fast (most first attempts finish within milliseconds) and backing off
-    /// to 200 ms so a long wait costs a few round trips a second.
+    /// Woken at once by a holder in this process ([`LocalWaits`]); else a poll
+    /// ([`poll_backoff`]).
     async fn wait(&self, _key: &str, holder: Token, attempt: u32, max: Duration) {
-        let backoff = Duration::from_millis(5u64 << attempt.min(6)).min(Duration::from_millis(200));
-        self.local_waits.wait(holder, backoff.min(max), attempt == 0).await;
+        self.local_waits
+            .wait(holder, poll_backoff(attempt).min(max), attempt == 0)
+            .await;
     }
 
     /// A write, not a PING: a replica answers PING but refuses writes, and readiness

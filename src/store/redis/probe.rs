@@ -119,25 +119,69 @@ pub(super) async fn check_answers(url: &str, shown: &str) -> Result<Server, Chec
             "{shown}: Redis {version} is too old; dedup-gateway needs Redis >= 7 (SET NX GET)"
         ))));
     }
-    let policy: Result<Vec<String>, _> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut conn)
-        .await;
-    match policy.as_deref() {
-        Ok([_, policy]) if policy == "noeviction" => {}
-        Ok([_, policy]) => tracing::warn!(
-            server = %shown, %policy,
-            "maxmemory-policy is not noeviction: under memory pressure Redis may drop markers and let duplicates through"
-        ),
-        _ => {
-            tracing::warn!(server = %shown, "cannot read maxmemory-policy (CONFIG disabled?); make sure it is noeviction")
-        }
+    for warning in durability_warnings(&mut conn).await {
+        tracing::warn!(server = %shown, "{warning}");
     }
     let valkey = field("valkey_version:");
     let (set_if_eq, del_if_eq) = (set_if_eq(version, valkey), del_if_eq(version, valkey));
     tracing::info!(server = %shown, %version, set_if_eq, del_if_eq, "redis store checked");
     Ok(Server { set_if_eq, del_if_eq })
+}
+
+/// What may make this server lose what the gateway stores: an eviction policy other
+/// than `noeviction` (markers dropped: duplicates let through; queued messages lost),
+/// and no persistence at all (a restart loses everything).
+async fn durability_warnings(conn: &mut impl redis::aio::ConnectionLike) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let config = |name: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        cmd
+    };
+    let policy: Result<Vec<String>, _> = config("maxmemory-policy").query_async(conn).await;
+    match policy.as_deref() {
+        Ok([_, policy]) if policy == "noeviction" => {}
+        Ok([_, policy]) => warnings.push(format!(
+            "maxmemory-policy is {policy}, not noeviction: under memory pressure Redis may drop markers (letting \
+             duplicates through) and queued messages (losing them)"
+        )),
+        _ => warnings.push("cannot read maxmemory-policy (CONFIG disabled?); make sure it is noeviction".into()),
+    }
+    let aof: Result<Vec<String>, _> = config("appendonly").query_async(conn).await;
+    let save: Result<Vec<String>, _> = config("save").query_async(conn).await;
+    match (aof.as_deref(), save.as_deref()) {
+        (Ok([_, aof]), Ok([_, save])) if aof == "no" && save.trim().is_empty() => warnings.push(
+            "no persistence (appendonly no, no save points): a Redis restart loses every marker and every queued \
+             message"
+                .into(),
+        ),
+        (Ok(_), Ok(_)) => {}
+        _ => warnings.push("cannot read appendonly and save (CONFIG disabled?); make sure Redis persists".into()),
+    }
+    warnings
+}
+
+/// For `check`: connects to each server of `target` and says what may make it lose
+/// data ([`durability_warnings`]), or why it could not ask.
+pub async fn durability(target: &RedisTarget, timeout: Duration) -> Vec<String> {
+    let mut out = Vec::new();
+    for url in target.urls() {
+        let shown = redact_url(url);
+        let asked = tokio::time::timeout(timeout * 4, async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            Ok::<_, RedisError>(durability_warnings(&mut conn).await)
+        });
+        match asked.await {
+            Ok(Ok(warnings)) => out.extend(warnings.into_iter().map(|w| format!("{shown}: {w}"))),
+            Ok(Err(e)) => out.push(format!("{shown}: cannot ask about persistence and eviction: {e}")),
+            Err(_) => out.push(format!(
+                "{shown}: no answer within {:?}; persistence and eviction not checked",
+                timeout * 4
+            )),
+        }
+    }
+    out
 }
 
 /// Checks each of `urls`, not reachable at start, once a second until it answers: for

@@ -2,6 +2,8 @@
 //! serde_json.
 //!
 //! - PROCESSING: `{"state":"processing","token":"<32 hex>","first_seen_ms":<unix ms>}`
+//! - QUEUED (a queued route's message is in its queue; no TTL):
+//!   `{"state":"queued","first_seen_ms":..}`
 //! - COMPLETED: `{"state":"completed","first_seen_ms":..,"completed_ms":..}`, with
 //!   `"response":{"status":..,"content_type":..,"content_encoding":..,"body":..}` for
 //!   `replay` (`body_base64` instead of `body` when the body is not UTF-8).
@@ -43,6 +45,7 @@ pub(super) struct Value<'a> {
 pub(super) enum State {
     Processing,
     Completed,
+    Queued,
 }
 
 /// A stored response: the body as text when it is UTF-8, else base64.
@@ -70,6 +73,17 @@ pub(super) fn processing(token: Token, first_seen_ms: u64) -> Vec<u8> {
         response: None,
     };
     to_vec(&value)
+}
+
+/// The QUEUED value of a message first seen at `first_seen_ms`.
+pub(super) fn queued(first_seen_ms: u64) -> Vec<u8> {
+    to_vec(&Value {
+        state: State::Queued,
+        token: None,
+        first_seen_ms,
+        completed_ms: None,
+        response: None,
+    })
 }
 
 /// `{"state":"processing","token":"<hex>"`: how every PROCESSING value held by
@@ -161,6 +175,7 @@ pub(super) fn parse(raw: &[u8]) -> Option<Marker> {
             first_seen_ms,
             response: value.response.and_then(|r| stored_response(r).ok()).map(Arc::new),
         },
+        State::Queued => Marker::Queued { first_seen_ms },
     })
 }
 

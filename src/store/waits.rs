@@ -24,7 +24,7 @@ use crate::store::Token;
 /// holder's mark there once registered looks again at once instead of waiting out the
 /// first poll's 5 ms (which set the p99 of `bench/run`'s Redis half-duplicate rows).
 #[derive(Default)]
-pub(super) struct LocalWaits {
+pub(crate) struct LocalWaits {
     /// How many waits are registered: a holder finishing with none (nearly always)
     /// takes no lock.
     count: AtomicUsize,
@@ -38,7 +38,7 @@ pub(super) struct LocalWaits {
 
 /// A wait registered in [`LocalWaits`]; dropped, it removes the holder's entry if no
 /// other wait holds it, and counts itself out.
-pub(super) struct Registered<'a> {
+pub(crate) struct Registered<'a> {
     waits: &'a LocalWaits,
     holder: Token,
 }
@@ -57,17 +57,24 @@ impl Drop for Registered<'_> {
 
 /// How many finishers [`LocalWaits`] remembers: far more than finish between a reply
 /// and its task's next step, and a waiter that misses its holder still has the poll.
-pub(super) const FINISHED: usize = 32;
+pub(crate) const FINISHED: usize = 32;
 
 /// A token as one word for [`LocalWaits::finished`]. Two tokens of this process never
 /// share one (the counters differ); a token of another replica that matched would only
 /// make a waiter look again early.
-pub(super) fn finish_mark(token: Token) -> u64 {
+pub(crate) fn finish_mark(token: Token) -> u64 {
     token.process ^ token.counter.rotate_left(32)
 }
 
+/// How long a waiter that may not be woken waits before it asks the store again:
+/// fast at first (most first attempts finish within milliseconds), backing off to
+/// 200 ms so a long wait costs a few calls a second.
+pub(crate) fn poll_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(5u64 << attempt.min(6)).min(Duration::from_millis(200))
+}
+
 impl LocalWaits {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Token, Weak<Notify>>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Token, Weak<Notify>>> {
         self.by_holder.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -75,7 +82,7 @@ impl LocalWaits {
     /// wait, a holder that has already finished ends it at once. On later ones it
     /// does not: a marker seen again after its holder finished (its complete failed,
     /// say) would otherwise have the waiter ask the store again and again at once.
-    pub(super) async fn wait(&self, holder: Token, limit: Duration, first: bool) {
+    pub(crate) async fn wait(&self, holder: Token, limit: Duration, first: bool) {
         self.count.fetch_add(1, Ordering::SeqCst);
         // Declared before `woken`, so dropped after it (the entry's last strong
         // reference), also when the wait is dropped midway (the shutdown's abandon).
@@ -107,7 +114,7 @@ impl LocalWaits {
 
     /// `holder` finished (its marker completed, released, or its call failed): whoever
     /// waits on it looks again.
-    pub(super) fn wake(&self, holder: Token) {
+    pub(crate) fn wake(&self, holder: Token) {
         let slot = self.next_finished.fetch_add(1, Ordering::Relaxed) % FINISHED;
         self.finished[slot].store(finish_mark(holder), Ordering::SeqCst);
         if self.count.load(Ordering::SeqCst) == 0 {

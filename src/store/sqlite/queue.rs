@@ -1,0 +1,204 @@
+//! The queue calls ([`crate::store::QueueStore`]) as statements on the `queue` table,
+//! run by the writer thread: an append and its marker in one transaction.
+
+use bytes::Bytes;
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::markers::{self, int, token_text, uint};
+use super::writer::Writer;
+use crate::store::queue::{Appended, DeadLetter, Lease, Leased, Message, QueueCounts, Settled};
+use crate::store::{StoreError, Token, unix_ms};
+
+pub(super) fn append(w: &mut Writer, route: &str, m: &Message, max_queued: u64) -> Result<Appended, StoreError> {
+    let held = w.held(route)?;
+    let exists = w
+        .conn
+        .prepare_cached("SELECT 1 FROM queue WHERE route = ?1 AND id = ?2")?
+        .query_row(params![route, m.id], |_| Ok(()))
+        .optional()?
+        .is_some();
+    if !exists {
+        if held >= max_queued {
+            return Ok(Appended::Full);
+        }
+        if w.full() {
+            return Err(StoreError::Unavailable("sqlite store over max_bytes".into()));
+        }
+        w.conn
+            .prepare_cached(
+                "INSERT INTO queue (route, id, key, token, first_seen_ms, queued_at_ms, attempts, state, due_ms, \
+                 method, target, headers, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 'ready', ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                route,
+                m.id,
+                m.key,
+                token_text(m.token),
+                int(m.first_seen_ms),
+                int(m.queued_at_ms),
+                m.method,
+                m.target,
+                m.headers.as_ref(),
+                m.body.as_ref(),
+            ])?;
+    }
+    if let Some(key) = &m.key {
+        markers::queued(w, key, m.first_seen_ms)?;
+    }
+    if !exists {
+        w.adjust_held(route, 1);
+    }
+    Ok(Appended::Queued)
+}
+
+/// The columns [`message`] reads, in its order.
+const MESSAGE: &str =
+    "id, key, token, first_seen_ms, queued_at_ms, attempts, method, target, headers, body, last_error, rowid";
+
+fn message(row: &Row) -> rusqlite::Result<(Message, i64)> {
+    let token: String = row.get(2)?;
+    Ok((
+        Message {
+            id: row.get(0)?,
+            key: row.get(1)?,
+            token: Token::from_u128(u128::from_str_radix(&token, 16).unwrap_or(0)),
+            first_seen_ms: uint(row.get(3)?),
+            queued_at_ms: uint(row.get(4)?),
+            attempts: u32::try_from(row.get::<_, i64>(5)?).unwrap_or(u32::MAX),
+            method: row.get(6)?,
+            target: row.get(7)?,
+            headers: Bytes::from(row.get::<_, Vec<u8>>(8)?),
+            body: Bytes::from(row.get::<_, Vec<u8>>(9)?),
+            last_error: row.get(10)?,
+        },
+        row.get(11)?,
+    ))
+}
+
+pub(super) fn lease(w: &mut Writer, route: &str, now: u64) -> Result<Lease, StoreError> {
+    let sql = format!(
+        "UPDATE queue SET state = 'delivering', attempts = attempts + 1 WHERE rowid = \
+         (SELECT rowid FROM queue WHERE route = ?1 AND state = 'ready' AND due_ms <= ?2 ORDER BY due_ms LIMIT 1) \
+         RETURNING {MESSAGE}"
+    );
+    let taken = w
+        .conn
+        .prepare_cached(&sql)?
+        .query_row(params![route, int(now)], message)
+        .optional()?;
+    if let Some((message, rowid)) = taken {
+        return Ok(Lease::Leased(Box::new(Leased {
+            message,
+            lease: rowid.to_string(),
+        })));
+    }
+    let next: Option<i64> = w
+        .conn
+        .prepare_cached("SELECT min(due_ms) FROM queue WHERE route = ?1 AND state = 'ready'")?
+        .query_row([route], |row| row.get(0))?;
+    Ok(Lease::Idle {
+        next_due_ms: next.map(uint),
+    })
+}
+
+pub(super) fn settle(w: &mut Writer, route: &str, leased: &Leased, settled: &Settled) -> Result<(), StoreError> {
+    let m = &leased.message;
+    let now = unix_ms();
+    let row = params![route, m.id];
+    match settled {
+        Settled::Delivered { completed_ttl } => {
+            if let Some(key) = &m.key {
+                markers::delivered(w, key, m.first_seen_ms, *completed_ttl, now)?;
+            }
+            let gone = w
+                .conn
+                .prepare_cached("DELETE FROM queue WHERE route = ?1 AND id = ?2")?
+                .execute(row)?;
+            w.adjust_held(route, -(gone as i64));
+        }
+        Settled::Retry { due_ms, error } => {
+            w.conn
+                .prepare_cached(
+                    "UPDATE queue SET state = 'ready', due_ms = ?3, last_error = ?4 WHERE route = ?1 AND id = ?2",
+                )?
+                .execute(params![route, m.id, int(*due_ms), error])?;
+        }
+        Settled::Dead { error } => {
+            w.conn
+                .prepare_cached(
+                    "UPDATE queue SET state = 'dead', last_error = ?3, dead_at_ms = ?4 WHERE route = ?1 AND id = ?2",
+                )?
+                .execute(params![route, m.id, error, int(now)])?;
+        }
+        Settled::Returned => {
+            w.conn
+                .prepare_cached("UPDATE queue SET state = 'ready', due_ms = ?3 WHERE route = ?1 AND id = ?2")?
+                .execute(params![route, m.id, int(now)])?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn counts(w: &Writer, route: &str, now: u64) -> Result<QueueCounts, StoreError> {
+    let counted = w
+        .conn
+        .prepare_cached(
+            "SELECT count(*) FILTER (WHERE state = 'ready' AND due_ms <= ?2), \
+             count(*) FILTER (WHERE state = 'ready' AND due_ms > ?2), \
+             count(*) FILTER (WHERE state = 'delivering'), count(*) FILTER (WHERE state = 'dead'), \
+             min(queued_at_ms) FILTER (WHERE state != 'dead') FROM queue WHERE route = ?1",
+        )?
+        .query_row(params![route, int(now)], |row| {
+            Ok(QueueCounts {
+                ready: uint(row.get(0)?),
+                scheduled: uint(row.get(1)?),
+                delivering: uint(row.get(2)?),
+                dead: uint(row.get(3)?),
+                oldest_queued_at_ms: row.get::<_, Option<i64>>(4)?.map(uint),
+            })
+        })?;
+    Ok(counted)
+}
+
+pub(super) fn dead_letters(w: &Writer, route: &str, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+    let mut statement = w.conn.prepare_cached(
+        "SELECT id, key, attempts, last_error, queued_at_ms, dead_at_ms FROM queue \
+         WHERE route = ?1 AND state = 'dead' ORDER BY dead_at_ms, id LIMIT ?2",
+    )?;
+    let rows = statement.query_map(params![route, int(limit as u64)], |row| {
+        Ok(DeadLetter {
+            id: row.get(0)?,
+            key: row.get(1)?,
+            attempts: u32::try_from(row.get::<_, i64>(2)?).unwrap_or(u32::MAX),
+            last_error: row.get(3)?,
+            queued_at_ms: uint(row.get(4)?),
+            dead_at_ms: uint(row.get::<_, Option<i64>>(5)?.unwrap_or(0)),
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub(super) fn retry_dead(w: &mut Writer, route: &str, id: Option<&str>, now: u64) -> Result<u64, StoreError> {
+    let back = w
+        .conn
+        .prepare_cached(
+            "UPDATE queue SET state = 'ready', due_ms = ?3, attempts = 0, dead_at_ms = NULL \
+             WHERE route = ?1 AND state = 'dead' AND (?2 IS NULL OR id = ?2)",
+        )?
+        .execute(params![route, id, int(now)])?;
+    Ok(back as u64)
+}
+
+pub(super) fn drop_dead(w: &mut Writer, route: &str, id: &str) -> Result<bool, StoreError> {
+    let key: Option<Option<String>> = w
+        .conn
+        .prepare_cached("DELETE FROM queue WHERE route = ?1 AND id = ?2 AND state = 'dead' RETURNING key")?
+        .query_row(params![route, id], |row| row.get(0))
+        .optional()?;
+    let Some(key) = key else { return Ok(false) };
+    if let Some(key) = key {
+        markers::remove(w, &key)?;
+    }
+    w.adjust_held(route, -1);
+    Ok(true)
+}

@@ -358,6 +358,10 @@ async fn store_failed(
     req: Request,
 ) -> Result<Answer, GatewayError> {
     let route_name = &route.config.name;
+    if route.config.policy.delivery.queue().is_some() {
+        // On a queued route the claim is the append's first step: readiness counts it.
+        gw.note_append(false);
+    }
     // Shadow mode forwards every request, whatever enforce mode would answer.
     if gw.on_store_error == OnStoreError::Reject && route.config.policy.mode == Mode::Enforce {
         tracing::warn!(route = %route_name, key, %error, "store unavailable: answering 503");

@@ -121,8 +121,18 @@ impl Upstream {
         F: Fn(Received) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Reply> + Send + 'static,
     {
-        let behaviour: Behaviour = Arc::new(move |r| Box::pin(behaviour(r)));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        Self::on(listener, behaviour)
+    }
+
+    /// [`Upstream::with`] on a listener of the test's choosing (say, on the port of a
+    /// bot that was down until now).
+    pub fn on<F, Fut>(listener: TcpListener, behaviour: F) -> Self
+    where
+        F: Fn(Received) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Reply> + Send + 'static,
+    {
+        let behaviour: Behaviour = Arc::new(move |r| Box::pin(behaviour(r)));
         let addr = listener.local_addr().expect("addr");
         let log = Arc::new((Mutex::new(Vec::new()), Notify::new()));
         let log2 = Arc::clone(&log);

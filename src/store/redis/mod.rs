@@ -106,6 +106,8 @@ pub struct RedisStore {
     key_prefix: String,
     /// `store.wait_replicas`: replicas an append waits for (`WAIT`) before its ack.
     wait_replicas: u32,
+    /// This store's consumer name in queued routes' consumer groups.
+    consumer: String,
 }
 
 thread_local! {
@@ -144,6 +146,7 @@ impl RedisStore {
             unusable: Arc::default(),
             key_prefix: key_prefix.to_owned(),
             wait_replicas: 0,
+            consumer: queue::consumer_name(),
         };
         let mut unreachable = Vec::new();
         // Together: a seed that does not answer costs its timeout once, not once each.

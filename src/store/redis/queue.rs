@@ -277,13 +277,10 @@ fn decode(id: String, raw: &[u8], attempts: u32, last_error: Option<String>) -> 
     })
 }
 
-/// This process's consumer name in every route's group.
-fn consumer() -> &'static str {
-    static NAME: LazyLock<String> = LazyLock::new(|| {
-        let token = Token::generate();
-        format!("gw-{:016x}", token.process)
-    });
-    &NAME
+/// A consumer name for a store, unique across replicas and restarts: each store
+/// reads a route's stream as its own consumer of the route's group.
+pub(super) fn consumer_name() -> String {
+    format!("gw-{}", Token::generate())
 }
 
 fn millis(d: Duration) -> u64 {
@@ -396,7 +393,7 @@ impl RedisStore {
             k.a.as_str().into(),
             k.e.as_str().into(),
             GROUP.into(),
-            consumer().into(),
+            self.consumer.as_str().into(),
             Arg::Int(millis(reclaim_after)),
             Arg::Int(now_ms),
         ];

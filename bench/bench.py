@@ -13,6 +13,10 @@ Contestants (every one in front of the same trivial upstream, an nginx answering
   nginx-lua   nginx + Lua + Redis dedup written the way users write it (bench/dedup.lua)
   gw-memory   dedup-gateway, embedded memory store
   gw-redis    dedup-gateway, Redis store (a local redis-server)
+  gw-sqlite   dedup-gateway, SQLite store (fsync = "always", a file in the work folder)
+  ... (queued) the same gateway's queued route (delivery = "queued"): the sender's ack
+              once the message is stored; the run then waits for the queue to drain,
+              which gives the delivery throughput
   ... (B)     with --compare BINARY: another build of the gateway, next to this one in
               every row (an A/B of two builds within the same rounds)
 
@@ -28,6 +32,7 @@ contestant reached it twice.
 """
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -212,9 +217,11 @@ def proxy_locations(p, dedup):
     return out + "  }"
 
 
-def gateway_toml(p, store, port, admin):
+def gateway_toml(p, store, port, admin, db=None):
     if store == "redis":
         store_toml = f'backend = "redis"\nurl = "redis://127.0.0.1:{p["redis"]}/0"'
+    elif store == "sqlite":
+        store_toml = f'backend = "sqlite"\npath = "{db}"\nfsync = "always"'
     else:
         store_toml = 'backend = "memory"\nmax_entries = 1_100_000'
     routes = ""
@@ -230,6 +237,18 @@ path = "{path}"
 upstream = "http://127.0.0.1:{p[up]}"
 key = ["json:/msgId"]
 {extra}
+"""
+    if store != "memory":
+        # The same route, queued: acknowledged once stored, delivered by 32 workers.
+        routes += f"""
+[[routes]]
+name = "hook-q"
+path = "/hook-q"
+upstream = "http://127.0.0.1:{p['up_fast']}"
+key = ["json:/msgId"]
+delivery = "queued"
+retry_schedule = ["1s"]
+delivery_concurrency = 32
 """
     # Signed and encrypted senders (credentials as in bench/sender-cost.rs).
     routes += f"""
@@ -325,6 +344,9 @@ SCENARIOS = [
         0.5,
         ["nginx", "nginx-lua", "gw-memory", "gw-redis", "gw-redis (wait)"],
     ),
+    # Each queued row next to the same gateway's sync route, in the same round.
+    ("queued, all unique, c=32", "/hook", 32, 0.0,
+     ["nginx", "gw-sqlite", "gw-sqlite (queued)", "gw-redis", "gw-redis (queued)"]),
 ]
 
 
@@ -348,7 +370,7 @@ def main():
         signal.signal(sig, lambda *_: sys.exit("interrupted"))
     work = tempfile.mkdtemp(prefix="dedup-bench-")
     p = {k: free_port() for k in ("up_fast", "up_slow", "redis", "nginx", "lua", "gwm", "gwm_admin", "gwr", "gwr_admin", "bare",
-                                "gwmb", "gwmb_admin", "gwrb", "gwrb_admin")}
+                                "gwmb", "gwmb_admin", "gwrb", "gwrb_admin", "gws", "gws_admin")}
     try:
         run(opts, work, p)
     finally:
@@ -377,6 +399,8 @@ def run(opts, work, p):
     wait_port(p["bare"], "hyper-bare")
     gwm = gateway("gw-memory", work, gateway_toml(p, "memory", p["gwm"], p["gwm_admin"]), p["gwm_admin"])
     gwr = gateway("gw-redis", work, gateway_toml(p, "redis", p["gwr"], p["gwr_admin"]), p["gwr_admin"])
+    db = os.path.join(work, "sqlite", "gateway.db")
+    gws = gateway("gw-sqlite", work, gateway_toml(p, "sqlite", p["gws"], p["gws_admin"], db), p["gws_admin"])
 
     contestants = {
         "direct": ([upstream], p["up_fast"]),
@@ -386,7 +410,11 @@ def run(opts, work, p):
         "gw-memory": ([gwm], p["gwm"]),
         "gw-redis": ([gwr], p["gwr"]),
         "gw-redis (wait)": ([gwr], p["gwr"]),
+        "gw-sqlite": ([gws], p["gws"]),
+        "gw-sqlite (queued)": ([gws], p["gws"]),
+        "gw-redis (queued)": ([gwr], p["gwr"]),
     }
+    admins = {"gw-sqlite (queued)": p["gws_admin"], "gw-redis (queued)": p["gwr_admin"]}
     scenarios = [s for s in SCENARIOS if not opts.only or opts.only in s[0]]
     if opts.compare:
         for store, key in (("memory", "gwm"), ("redis", "gwr")):
@@ -402,12 +430,14 @@ def run(opts, work, p):
             for c in swap_pairs(names) if rnd % 2 == 0 else names:
                 procs, port = contestants[c]
                 store = redis if c.startswith("gw-redis") or c == "nginx-lua" else None
-                route = "/slow-wait" if c.endswith("(wait)") else path
+                route = "/slow-wait" if c.endswith("(wait)") else "/hook-q" if c.endswith("(queued)") else path
                 if c == "direct" and route == "/hook":
                     route = "/"
                 prefix = f"s{si}r{rnd}{re.sub('[^a-z]', '', c.lower())}"
                 r = measure(procs, f"http://127.0.0.1:{port}{route}", conns, opts.seconds, [prefix, str(share)],
                             store=store, upstream=None if c == "direct" else upstream)
+                if c in admins:
+                    drained(r, admins[c])
                 results.setdefault((name, c), []).append(r)
                 if c.startswith("gw") or c == "nginx-lua":
                     dedup_runs.append((prefix, c))
@@ -424,6 +454,24 @@ def run(opts, work, p):
     doubled = duplicates_delivered(os.path.join(work, "ids.log"), dedup_runs)
 
     report(scenarios, results, senders, memory, doubled)
+
+
+def queue_held(admin):
+    """Messages the queued route holds (ready, scheduled, delivering), from GET /queue."""
+    routes = json.loads(http_get(f"http://127.0.0.1:{admin}/queue"))["routes"]
+    return sum(r["ready"] + r["scheduled"] + r["delivering"] for r in routes if r["route"] == "hook-q")
+
+
+def drained(r, admin):
+    """After a queued run: waits until the queue is empty, and records the delivery
+    throughput (every acknowledged message over the run and the drain that followed)."""
+    started = time.time()
+    while queue_held(admin) > 0:
+        if time.time() - started > 300:
+            sys.exit("the queue did not drain within 5 minutes")
+        time.sleep(0.02)
+    r["drain_s"] = time.time() - started
+    r["delivery_rps"] = r["requests"] / (r["duration_us"] / 1e6 + r["drain_s"])
 
 
 def with_b(names, contestants):
@@ -613,7 +661,7 @@ def targets(scenarios, results, memory):
         for c in (n for n in names if n.startswith("gw") and "(B)" not in n):
             # `(wait)` holds in-flight duplicates where the Lua peer acks them: not like
             # for like, so only its p99 is judged.
-            if "(wait)" not in c:
+            if "(wait)" not in c and (scenario, "nginx-lua") in results:
                 mine, lua = round_ratios(results, scenario, c), round_ratios(results, scenario, "nginx-lua")
                 row(f"{c}, {scenario}: ahead of nginx-lua", f"{med(mine):.2f}x against {med(lua):.2f}x",
                     med(mine) > med(lua), "yes" if all(a > b for a, b in zip(mine, lua)) else "no")
@@ -691,6 +739,33 @@ def needs(scenarios, results):
         print("\n".join(lines))
 
 
+# The queued-delivery issue's targets: acks per second of the queued route over the
+# same gateway's sync route, within each round.
+QUEUED_TARGETS = [("gw-sqlite", 0.5), ("gw-redis", 0.8)]
+
+
+def queued(scenarios, results):
+    """Queued rows against the same gateway's sync route (same round), with the ack's
+    p99 and the delivery throughput."""
+    med = statistics.median
+    rows = [(name, c) for name, *_, names in scenarios for c in names if c.endswith("(queued)")]
+    if not rows:
+        return
+    print("\n## Queued delivery (acks per second over the same gateway's sync route, within each round)\n")
+    print("| scenario | contestant | acks/s | ack p50 | ack p99 | over sync | rounds | target | delivered/s "
+          "| drain after the run |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, c in rows:
+        sync = c.removesuffix(" (queued)")
+        q, s = results[(name, c)], results[(name, sync)]
+        ratios = [a["rps"] / b["rps"] for a, b in zip(q, s)]
+        target = dict(QUEUED_TARGETS).get(sync)
+        held = "" if target is None else f">= {target}x: {'yes' if med(ratios) >= target else 'no'}"
+        print(f"| {name} | {c} | {med(r['rps'] for r in q):,.0f} | {med(r['p50_us'] for r in q) / 1000:.2f} ms | "
+              f"{med(r['p99_us'] for r in q) / 1000:.2f} ms | {med(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} "
+              f"| {held} | {med(r['delivery_rps'] for r in q):,.0f} | {med(r['drain_s'] for r in q):.1f} s |")
+
+
 def report(scenarios, results, senders, memory, doubled):
     med = statistics.median
     print("\n## Throughput, latency and CPU (median of the rounds; ratio to nginx within each round)\n")
@@ -721,6 +796,7 @@ def report(scenarios, results, senders, memory, doubled):
             if a[0]["store_us"] is not None:
                 store = f"{med(x['store_us'] for x in a):.1f} / {med(y['store_us'] for y in b):.1f}"
             print(f"| {name} | {c} | {med(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | {cpu} | {store} |")
+    queued(scenarios, results)
     if senders:
         base = senders["plain JSON"]
         print("\n## Signed and encrypted senders (gw-memory, c=32, every request checked and a duplicate)\n")

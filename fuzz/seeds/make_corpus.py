@@ -176,6 +176,11 @@ client("bad_chunk", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\
 client("custom_reason", b"HTTP/1.1 202 Queued For Later\r\nContent-Length: 0\r\n\r\n")
 client("gzip_then_close", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxyz")
 client("switching_protocols", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n")
+# What client_vs_hyper's first long runs found (both fixed): an HTTP/1.0 answer with
+# Transfer-Encoding that carries no body, and Content-Lengths hyper reads its own way.
+client("http10_chunked_no_content", b"HTTP/1.0 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n")
+client("length_leading_zeros", b"HTTP/1.1 200 OK\r\nContent-Length: 0002\r\n\r\nok")
+client("length_above_hyper_max", b"HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551614\r\n\r\nok")
 
 
 # ------------------------------------------------------------------ resp_vs_redis_rs

@@ -4,17 +4,19 @@
 //! the shipped Grafana dashboard must return data. A missing `prometheus` binary fails
 //! with the install command; it never skips.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Method;
 use serde_json::Value;
 
+use crate::queued::{queued, sqlite_store};
 use crate::servers::free_port;
 use crate::support::TempFile;
-use crate::support::{Cfg, Client, PATIENCE, TestGateway, Upstream, msg};
+use crate::support::{Cfg, Client, PATIENCE, Reply, TestGateway, Upstream, eventually, msg};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -283,18 +285,63 @@ async fn a_real_prometheus_scrapes_the_gateway_and_counts_what_was_sent() {
     assert_eq!(ready[0].1, 1.0);
 }
 
+/// A second gateway, its route `bot` queued on SQLite with one retry 100 ms later: its
+/// bot refuses ids starting with "bad" (400: a dead letter at once) and fails those
+/// starting with "flaky" once (500, then 200: a retry, then delivered). Returns it once
+/// it has delivered, retried and dead-lettered at least once, with its bot and store.
+async fn queued_gateway_with_traffic() -> (TestGateway, Upstream, TempFile) {
+    let failed_once = Arc::new(Mutex::new(HashSet::new()));
+    let bot = Upstream::with(move |r| {
+        let id = r.msg_id().unwrap_or_default();
+        let code = if id.starts_with("bad") {
+            400
+        } else if id.starts_with("flaky") && failed_once.lock().expect("lock").insert(id) {
+            500
+        } else {
+            200
+        };
+        async move { Reply::new(code, "bot") }
+    })
+    .await;
+    let dir = TempFile::new("q.marker", "");
+    let cfg = Cfg::new().store(&sqlite_store(&dir)).route(&queued("[\"100ms\"]"));
+    let gw = TestGateway::start(&cfg, &bot).await;
+    let client = gw.client();
+    for id in ["q1", "flaky1", "bad1"] {
+        assert_eq!(client.post("/hook", &msg(id)).await.dedup(), "queued");
+    }
+    let deliveries = |result: &str| gw.metric(&format!("dedup_deliveries_total{{route=\"bot\",result=\"{result}\"}}"));
+    eventually("2 delivered, 1 retry, 1 dead letter", || {
+        deliveries("delivered") == 2.0 && deliveries("retry") == 1.0 && deliveries("dead") == 1.0
+    })
+    .await;
+    (gw, bot, dir)
+}
+
 #[tokio::test]
 async fn every_dashboard_query_returns_data_and_the_alert_rules_evaluate() {
     let upstream = Upstream::ok().await;
     let (gw, _) = gateway_with_traffic(&upstream).await;
-    let prometheus = Prometheus::start(&[gw.admin.expect("admin")]).await;
+    // The queue panels read a queued route: a second target, whose route is also named
+    // "bot" (the dashboard's route variable sees one route).
+    let (queued_gw, _bot, _store) = queued_gateway_with_traffic().await;
+    let (sync_admin, queued_admin) = (gw.admin.expect("admin"), queued_gw.admin.expect("admin"));
+    let prometheus = Prometheus::start(&[sync_admin, queued_admin]).await;
     prometheus
-        .until(r#"dedup_requests_total{route="bot",outcome="duplicate"}"#, |r| {
-            r.first().is_some_and(|s| s.1 == 2.0)
-        })
+        .until(
+            &format!(r#"dedup_requests_total{{instance="{sync_admin}",route="bot",outcome="duplicate"}}"#),
+            |r| r.first().is_some_and(|s| s.1 == 2.0),
+        )
         .await;
-    // Traffic all along (bounded: at most 600 pairs, 10 a second), so every rate
-    // window holds some; stopped when the test ends.
+    prometheus
+        .until(
+            &format!(r#"dedup_deliveries_total{{instance="{queued_admin}",route="bot",result="dead"}}"#),
+            |r| r.first().is_some_and(|s| s.1 == 1.0),
+        )
+        .await;
+    // Traffic all along (bounded: at most 600 rounds, 10 a second), so every rate
+    // window holds some; stopped when the test ends. On the queued gateway, every
+    // tenth message fails once (a retry) and every fiftieth is refused (a dead letter).
     let client = gw.client();
     let traffic = tokio::spawn(async move {
         for i in 0..600 {
@@ -305,6 +352,21 @@ async fn every_dashboard_query_returns_data_and_the_alert_rules_evaluate() {
         }
     });
     let _stop = AbortOnDrop(traffic);
+    let queued_client = queued_gw.client();
+    let queued_traffic = tokio::spawn(async move {
+        for i in 0..600 {
+            let id = if i % 50 == 0 {
+                format!("bad-late{i}")
+            } else if i % 10 == 0 {
+                format!("flaky-late{i}")
+            } else {
+                format!("late{i}")
+            };
+            assert_eq!(queued_client.post("/hook", &msg(&id)).await.dedup(), "queued");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let _stop_queued = AbortOnDrop(queued_traffic);
 
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(format!("{ROOT}/deploy/grafana/dedup-gateway.json")).expect("dashboard"),
@@ -327,9 +389,9 @@ async fn every_dashboard_query_returns_data_and_the_alert_rules_evaluate() {
             checked += 1;
         }
     }
-    assert!(checked >= 12, "only {checked} queries in the dashboard");
+    assert!(checked >= 21, "only {checked} queries in the dashboard");
 
-    // The route variable's own query.
+    // The route variable's own query: both gateways name their route "bot".
     let routes = prometheus.query("group by (route) (dedup_requests_total)").await;
     assert_eq!(routes.len(), 1);
 
@@ -367,9 +429,21 @@ async fn every_dashboard_query_returns_data_and_the_alert_rules_evaluate() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // With a ready gateway scraped, neither of these fires.
+    // With ready gateways scraped, neither of these fires.
     let firing = prometheus
         .query("ALERTS{alertname=~\"DedupGatewayAbsent|DedupGatewayNotReady\"}")
         .await;
     assert!(firing.is_empty(), "{firing:?}");
+    // The queued gateway holds dead letters: that alert (no `for`) fires, on its route.
+    let dead = prometheus
+        .until(
+            r#"ALERTS{alertname="DedupGatewayDeadLetters",alertstate="firing"}"#,
+            |r| !r.is_empty(),
+        )
+        .await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        (dead[0].0["route"].as_str(), dead[0].0["severity"].as_str()),
+        ("bot", "warning")
+    );
 }

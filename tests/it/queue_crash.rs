@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use crate::process::GatewayProcess;
-use crate::queued::{deliveries, drained, queued, sqlite_store};
+use crate::queued::{deliveries, drained, every_one_delivered, queued, sqlite_store};
 use crate::servers::{RedisServer, free_port};
 use crate::support::{Cfg, Client, Reply, TempFile, TestGateway, Upstream, msg, within};
 
@@ -256,16 +256,7 @@ async fn a_full_disk_answers_503_and_acknowledges_only_what_was_stored() {
     .await;
     let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("the bot's port");
     let bot = Upstream::on(listener, |_| async { Reply::new(200, "ok") });
-    within("every acknowledged message delivered", async {
-        loop {
-            let seen = deliveries(&bot);
-            if acked.iter().all(|id| seen.contains_key(id)) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    every_one_delivered(&bot, &acked).await;
     gw.stop().await;
 }
 

@@ -34,6 +34,20 @@ pub fn deliveries(bot: &Upstream) -> HashMap<String, usize> {
     seen
 }
 
+/// Waits until each of `ids` has reached the bot.
+pub async fn every_one_delivered(bot: &Upstream, ids: &[String]) {
+    within("every acknowledged message delivered", async {
+        loop {
+            let seen = deliveries(bot);
+            if ids.iter().all(|id| seen.contains_key(id)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+}
+
 /// GET `path` on the admin listener, as JSON.
 pub async fn admin_json(gw: &TestGateway, path: &str) -> serde_json::Value {
     let admin = Client::http1(gw.admin.expect("admin listener"));
@@ -454,15 +468,6 @@ async fn redis_killed_while_appending_loses_no_acknowledged_message() {
         acked.len(),
         refused.len()
     );
-    within("every acknowledged message delivered", async {
-        loop {
-            let seen = deliveries(&bot);
-            if acked.iter().all(|id| seen.contains_key(id)) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    every_one_delivered(&bot, &acked).await;
     gw.stop().await;
 }

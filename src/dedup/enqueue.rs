@@ -1,26 +1,25 @@
-//! The owner of a claim on a queued route: appends the request to the route's queue
-//! (the marker becomes QUEUED in the same step) and answers the sender with the
-//! route's ack. Nothing is acknowledged that is not stored: an append that fails or
-//! finds the queue full releases the claim and tells the sender to retry.
+//! A queued route's request: claim the key and store the request in the route's queue
+//! (the marker QUEUED), in one store call where the backend can, then answer the
+//! sender with the route's ack. Nothing is acknowledged that is not stored: a store
+//! that fails or a full queue is a 503, and the sender retries.
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Request, Task, timed};
+use super::{Held, Request, Task, count_age};
 use crate::answer::{Answer, answer, duplicate_response};
 use crate::body::Body;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::metrics::StoreOp;
 use crate::outcome::Outcome;
 use crate::routing::Route;
-use crate::store::queue::{Appended, Message, header_block};
-use crate::store::{QueueStore, Store, Token, unix_ms};
+use crate::store::queue::{Enqueued, Message, header_block};
+use crate::store::{QueueStore, StoreError, Token, unix_ms};
 use crate::upstream::rewrite;
 
-/// Appends a claimed request and answers; see the module doc.
-pub(super) async fn append(task: &Task, req: Request) -> Result<Answer, GatewayError> {
+/// Runs a keyed request on a queued route to its answer.
+pub(super) async fn run(task: &Task, req: Request) -> Result<Answer, GatewayError> {
     let (gw, route, key) = (&task.gw, &task.route, &task.key);
     let id = key
         .get(gw.key_prefix.len() + route.config.name.len() + 1..)
@@ -33,17 +32,20 @@ pub(super) async fn append(task: &Task, req: Request) -> Result<Answer, GatewayE
         task.first_seen_ms,
         req,
     );
-    match store(gw, route, &message).await {
-        Ok(answer) => Ok(answer),
-        Err(error) => {
-            let released = timed(gw, StoreOp::Release, || {
-                gw.store.release(key, task.token, task.first_seen_ms)
-            });
-            if let Err(e) = released.await {
-                tracing::warn!(route = %route.config.name, key = %key, error = %e,
-                    "releasing the claim of a message not queued failed: it expires after processing_ttl");
-            }
-            Err(error)
+    let mut held = Held::default();
+    loop {
+        let marker = match enqueue(gw, route, &message).await {
+            Ok(Enqueued::Queued) => return Ok(queued(gw, route, Outcome::Queued)),
+            Ok(Enqueued::Full) => return Err(full(route, &message)),
+            Ok(Enqueued::Found(marker)) => marker,
+            Err(error) if held.waits > 0 => return Err(task.failed_while_held(&error)),
+            Err(error) => return Err(failed(route, &message, error)),
+        };
+        if held.waits == 0 {
+            count_age(route, &marker, task.first_seen_ms);
+        }
+        if let Some(end) = task.found(marker, &mut held).await {
+            return end;
         }
     }
 }
@@ -52,12 +54,12 @@ pub(super) async fn append(task: &Task, req: Request) -> Result<Answer, GatewayE
 /// no marker, so a retry of it is queued again.
 pub async fn append_unkeyed(gw: &Arc<Gateway>, route: &Arc<Route>, req: Request) -> Result<Answer, GatewayError> {
     let token = Token::generate();
-    let id = format!("nokey-{token}");
-    let message = message(route, id, None, token, unix_ms(), req);
-    store(gw, route, &message).await.map(|ok| Answer {
-        outcome: Outcome::NoKey,
-        response: ok.response,
-    })
+    let message = message(route, format!("nokey-{token}"), None, token, unix_ms(), req);
+    match enqueue(gw, route, &message).await {
+        Ok(Enqueued::Queued | Enqueued::Found(_)) => Ok(queued(gw, route, Outcome::NoKey)),
+        Ok(Enqueued::Full) => Err(full(route, &message)),
+        Err(error) => Err(failed(route, &message, error)),
+    }
 }
 
 /// The message a request becomes: rewritten for the upstream now (so a delivery
@@ -80,30 +82,34 @@ fn message(route: &Route, id: String, key: Option<String>, token: Token, first_s
     }
 }
 
-/// Appends `message` and answers: the route's ack once stored, 503 when the queue is
-/// full or the store failed.
-async fn store(gw: &Gateway, route: &Route, message: &Message) -> Result<Answer, GatewayError> {
-    let Some(queue) = route.config.policy.delivery.queue() else {
-        return Err(GatewayError::Internal("append on a sync route".into()));
-    };
-    let name = &route.config.name;
+/// One enqueue, timed and counted (for the metrics and for readiness).
+async fn enqueue(gw: &Gateway, route: &Route, message: &Message) -> Result<Enqueued, StoreError> {
+    let policy = &route.config.policy;
+    let max_queued = policy.delivery.queue().map_or(0, |q| q.max_queued);
     let started = Instant::now();
-    let appended = gw.store.append(name, message, queue.max_queued).await;
-    gw.metrics.queue_append(started.elapsed(), appended.is_err());
-    gw.note_append(appended.is_ok());
-    match appended {
-        Ok(Appended::Queued) => {
-            gw.deliveries.wake(name);
-            Ok(answer(Outcome::Queued, duplicate_response(route)))
-        }
-        Ok(Appended::Full) => {
-            tracing::warn!(route = %name, id = %message.id, max_queued = queue.max_queued,
-                "queue full: answering 503");
-            Err(GatewayError::QueueFull)
-        }
-        Err(error) => {
-            tracing::warn!(route = %name, id = %message.id, %error, "append failed: answering 503");
-            Err(GatewayError::StoreUnavailable(error))
-        }
-    }
+    let enqueued = gw
+        .store
+        .enqueue(&route.config.name, message, max_queued, policy.processing_ttl)
+        .await;
+    gw.metrics.queue_append(started.elapsed(), enqueued.is_err());
+    gw.note_append(enqueued.is_ok());
+    enqueued
+}
+
+/// Stored: the route's ack, and a worker of this process woken.
+fn queued(gw: &Gateway, route: &Route, outcome: Outcome) -> Answer {
+    gw.deliveries.wake(&route.config.name);
+    answer(outcome, duplicate_response(route))
+}
+
+fn full(route: &Route, message: &Message) -> GatewayError {
+    let max_queued = route.config.policy.delivery.queue().map_or(0, |q| q.max_queued);
+    tracing::warn!(route = %route.config.name, id = %message.id, max_queued, "queue full: answering 503");
+    GatewayError::QueueFull
+}
+
+/// Not stored (or not known to be: a lost reply; the sender's retry then finds it).
+fn failed(route: &Route, message: &Message, error: StoreError) -> GatewayError {
+    tracing::warn!(route = %route.config.name, id = %message.id, %error, "cannot queue the message: answering 503");
+    GatewayError::StoreUnavailable(error)
 }

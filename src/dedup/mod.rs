@@ -162,20 +162,17 @@ impl Task {
         async move {
             let (gw, route) = (&self.gw, &self.route);
             let policy = &route.config.policy;
-            // Set when PROCESSING is first seen: the hold starts there (and an owner, the
-            // usual case, never reads the clock for it).
-            let mut deadline = None;
-            let mut waits = 0u32;
+            if policy.delivery.queue().is_some() {
+                // Boxed: the queue's future would make every sync request's larger.
+                return Box::pin(enqueue::run(&self, req)).await;
+            }
+            let mut held = Held::default();
             loop {
                 let claimed = match first.take() {
                     Some(claimed) => claimed,
                     None => claim(gw, &self.key, self.token, self.first_seen_ms, policy.processing_ttl).await,
                 };
                 let marker = match claimed {
-                    // Boxed: the append's future would make every sync request's larger.
-                    Ok(Claim::Claimed) if policy.delivery.queue().is_some() => {
-                        return Box::pin(enqueue::append(&self, req)).await;
-                    }
                     Ok(Claim::Claimed) => return owner::forward(&self, req).await,
                     Ok(Claim::Found(marker)) => marker,
                     Err(ClaimFailed { error, may_have_landed }) => {
@@ -188,17 +185,13 @@ impl Task {
                                 policy.processing_ttl,
                             );
                         }
-                        if waits > 0 {
-                            // It has seen the key PROCESSING: forwarding it now, whatever
-                            // `on_error` says, could be a second concurrent delivery.
-                            tracing::warn!(route = %route.config.name, key = %self.key, %error,
-                                "store failed while waiting on PROCESSING: answering 409");
-                            return Err(GatewayError::InFlight);
+                        if held.waits > 0 {
+                            return Err(self.failed_while_held(&error));
                         }
                         return store_failed(gw, route, &self.key, error, req).await;
                     }
                 };
-                if waits == 0 {
+                if held.waits == 0 {
                     count_age(route, &marker, self.first_seen_ms);
                 }
                 if policy.mode == Mode::Shadow {
@@ -208,31 +201,62 @@ impl Task {
                     };
                     return forward_unowned(route, req.head, Body::full(req.body), req.peer, outcome).await;
                 }
-                let holder = match marker {
-                    Marker::Completed { response, .. } => return Ok(duplicate(route, response.as_deref())),
-                    // Stored: acknowledging it loses nothing.
-                    Marker::Queued { .. } => return Ok(duplicate(route, None)),
-                    Marker::Processing { token, .. } => token,
-                };
-                match policy.on_in_flight {
-                    InFlight::Conflict => return Err(GatewayError::InFlight),
-                    InFlight::Ack => return Ok(answer(Outcome::InFlight, duplicate_response(route))),
-                    InFlight::Wait => {
-                        let now = Instant::now();
-                        let deadline = *deadline.get_or_insert(now + policy.in_flight_wait);
-                        if now >= deadline {
-                            return Err(GatewayError::InFlight);
-                        }
-                        tokio::select! {
-                            () = gw.store.wait(&self.key, holder, waits, deadline - now) => {}
-                            () = gw.abandoned() => return Err(GatewayError::Abandoned),
-                        }
-                        waits += 1;
-                    }
+                if let Some(end) = self.found(marker, &mut held).await {
+                    return end;
                 }
             }
         }
     }
+
+    /// What a request that found `marker` gets: the duplicate answer for a message
+    /// completed or queued; for one PROCESSING, per `on_in_flight`. `None`: the wait
+    /// is over, claim again.
+    async fn found(&self, marker: Marker, held: &mut Held) -> Option<Result<Answer, GatewayError>> {
+        let (gw, route) = (&self.gw, &self.route);
+        let policy = &route.config.policy;
+        let holder = match marker {
+            Marker::Completed { response, .. } => return Some(Ok(duplicate(route, response.as_deref()))),
+            // Stored: acknowledging it loses nothing.
+            Marker::Queued { .. } => return Some(Ok(duplicate(route, None))),
+            Marker::Processing { token, .. } => token,
+        };
+        match policy.on_in_flight {
+            InFlight::Conflict => Some(Err(GatewayError::InFlight)),
+            InFlight::Ack => Some(Ok(answer(Outcome::InFlight, duplicate_response(route)))),
+            InFlight::Wait => {
+                let now = Instant::now();
+                // The hold starts when PROCESSING is first seen (an owner, the usual
+                // case, never reads the clock for it).
+                let deadline = *held.deadline.get_or_insert(now + policy.in_flight_wait);
+                if now >= deadline {
+                    return Some(Err(GatewayError::InFlight));
+                }
+                tokio::select! {
+                    () = gw.store.wait(&self.key, holder, held.waits, deadline - now) => {}
+                    () = gw.abandoned() => return Some(Err(GatewayError::Abandoned)),
+                }
+                held.waits += 1;
+                None
+            }
+        }
+    }
+
+    /// A store call failed after the request had seen its key PROCESSING: forwarding
+    /// (or queueing) it now, whatever `on_error` says, could be a second concurrent
+    /// delivery. 409.
+    fn failed_while_held(&self, error: &StoreError) -> GatewayError {
+        tracing::warn!(route = %self.route.config.name, key = %self.key, %error,
+            "store failed while waiting on PROCESSING: answering 409");
+        GatewayError::InFlight
+    }
+}
+
+/// A request's hold on a PROCESSING marker (`on_in_flight = "wait"`): until when, and
+/// how many waits so far.
+#[derive(Default)]
+struct Held {
+    deadline: Option<Instant>,
+    waits: u32,
 }
 
 /// Claims `key`, once more when the first reply is lost: the claim may have landed,
@@ -358,10 +382,6 @@ async fn store_failed(
     req: Request,
 ) -> Result<Answer, GatewayError> {
     let route_name = &route.config.name;
-    if route.config.policy.delivery.queue().is_some() {
-        // On a queued route the claim is the append's first step: readiness counts it.
-        gw.note_append(false);
-    }
     // Shadow mode forwards every request, whatever enforce mode would answer.
     if gw.on_store_error == OnStoreError::Reject && route.config.policy.mode == Mode::Enforce {
         tracing::warn!(route = %route_name, key, %error, "store unavailable: answering 503");

@@ -450,13 +450,14 @@ macro_rules! each_queue {
 }
 
 impl QueueStore for AnyStore {
-    async fn append(
+    async fn enqueue(
         &self,
         route: &str,
         message: &queue::Message,
         max_queued: u64,
-    ) -> Result<queue::Appended, StoreError> {
-        each_queue!(self, s => s.append(route, message, max_queued))
+        processing_ttl: Duration,
+    ) -> Result<queue::Enqueued, StoreError> {
+        each_queue!(self, s => s.enqueue(route, message, max_queued, processing_ttl))
     }
 
     async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<queue::Lease, StoreError> {

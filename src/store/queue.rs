@@ -7,25 +7,29 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{StoreError, Token};
+use super::{Marker, StoreError, Token};
 
 /// A route's durable queue, in the store that holds its markers. `route` is the
 /// route's name. Every call is bounded by `store.timeout`, as marker calls are.
 pub trait QueueStore: Send + Sync + 'static {
-    /// Stores `message` in `route`'s queue, unless the route holds `max_queued`
-    /// messages already, and makes its marker (if it has a key) QUEUED. A message whose
-    /// id the queue holds already is not stored twice: `Queued` all the same (a
-    /// sender's retry after an append whose reply was lost).
-    fn append(
+    /// Claims `message.key` and stores `message` in `route`'s queue with its marker
+    /// QUEUED: if the key is free, and unless the route holds `max_queued` messages
+    /// already. One atomic step where the backend can (SQLite; standalone Redis);
+    /// else (Redis Cluster, where the marker and the queue are on different slots) a
+    /// claim (PROCESSING for `processing_ttl`), the append, then the marker, the claim
+    /// released if the append fails. A message whose id the queue holds already is not
+    /// stored twice: `Queued` all the same. Without a key: stored, no marker.
+    fn enqueue(
         &self,
         route: &str,
         message: &Message,
         max_queued: u64,
-    ) -> impl Future<Output = Result<Appended, StoreError>> + Send;
+        processing_ttl: Duration,
+    ) -> impl Future<Output = Result<Enqueued, StoreError>> + Send;
 
     /// Takes the next message due (at `now_ms`) for delivery, and counts the attempt.
-    /// On a shared store, a message another replica took and has not settled for
-    /// `reclaim_after` is taken over (that replica died).
+    /// A message taken before and not settled for `reclaim_after` is taken over: the
+    /// worker (or replica) that had it died, or the call that took it lost its reply.
     fn lease(
         &self,
         route: &str,
@@ -103,13 +107,16 @@ pub struct Message {
     pub last_error: Option<String>,
 }
 
-/// What an append did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Appended {
+/// What an enqueue did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Enqueued {
     /// Stored; its marker (if it has a key) is QUEUED.
     Queued,
-    /// The route holds `max_queued` messages already: nothing stored.
+    /// The route holds `max_queued` messages already: nothing stored, no marker.
     Full,
+    /// The key was held already (by this message or another delivery of it): nothing
+    /// stored.
+    Found(Marker),
 }
 
 /// A message handed to a delivery worker, marked as being delivered.

@@ -36,6 +36,14 @@ pub fn deliveries(bot: &Upstream) -> HashMap<String, usize> {
 
 /// Waits until each of `ids` has reached the bot.
 pub async fn every_one_delivered(bot: &Upstream, ids: &[String]) {
+    let missing = || {
+        let seen = deliveries(bot);
+        ids.iter()
+            .filter(|id| !seen.contains_key(*id))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let _report = ReportOnPanic(&missing);
     within("every acknowledged message delivered", async {
         loop {
             let seen = deliveries(bot);
@@ -46,6 +54,16 @@ pub async fn every_one_delivered(bot: &Upstream, ids: &[String]) {
         }
     })
     .await;
+}
+
+struct ReportOnPanic<'a, F: Fn() -> Vec<String>>(&'a F);
+
+impl<F: Fn() -> Vec<String>> Drop for ReportOnPanic<'_, F> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("not delivered: {:?}", (self.0)());
+        }
+    }
 }
 
 /// GET `path` on the admin listener, as JSON.
@@ -442,7 +460,9 @@ async fn redis_killed_while_appending_loses_no_acknowledged_message() {
         ))
         .route(&queued(
             "[\"100ms\", \"200ms\", \"500ms\", \"1s\", \"1s\", \"1s\", \"1s\", \"1s\"]",
-        ));
+        ))
+        // A lease whose reply the kill cut off is taken over after upstream_timeout + 5 s.
+        .route("upstream_timeout = \"2s\"\nprocessing_ttl = \"5s\"");
     let gw = TestGateway::start(&cfg, &bot).await;
     let client = gw.client();
     let mut acked = Vec::new();

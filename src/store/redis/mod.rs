@@ -108,6 +108,11 @@ pub struct RedisStore {
     wait_replicas: u32,
     /// This store's consumer name in queued routes' consumer groups.
     consumer: String,
+    /// A cluster: a message's marker is on another slot than its queue, so it is
+    /// written by calls of its own (see `queue`).
+    cluster: bool,
+    /// When each queued route was last searched for abandoned deliveries (Unix ms).
+    reclaimed: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 thread_local! {
@@ -147,6 +152,8 @@ impl RedisStore {
             key_prefix: key_prefix.to_owned(),
             wait_replicas: 0,
             consumer: queue::consumer_name(),
+            cluster: matches!(target, RedisTarget::Cluster(_)),
+            reclaimed: std::sync::Mutex::default(),
         };
         let mut unreachable = Vec::new();
         // Together: a seed that does not answer costs its timeout once, not once each.

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::queue::{Appended, DeadLetter, Lease, Leased, Message, QueueCounts, QueueStore, Settled};
+use super::queue::{DeadLetter, Enqueued, Lease, Leased, Message, QueueCounts, QueueStore, Settled};
 use super::waits::{LocalWaits, poll_backoff};
 use super::{Claim, Completion, Forgotten, KeyInfo, Marker, Store, StoreError, Token, unix_ms};
 use crate::config::Fsync;
@@ -154,14 +154,20 @@ impl Store for SqliteStore {
 }
 
 impl QueueStore for SqliteStore {
-    async fn append(&self, route: &str, message: &Message, max_queued: u64) -> Result<Appended, StoreError> {
+    async fn enqueue(
+        &self,
+        route: &str,
+        message: &Message,
+        max_queued: u64,
+        _processing_ttl: Duration,
+    ) -> Result<Enqueued, StoreError> {
         let (route, message) = (route.to_owned(), message.clone());
-        self.run(move |w| queue::append(w, &route, &message, max_queued)).await
+        self.run(move |w| queue::enqueue(w, &route, &message, max_queued)).await
     }
 
-    async fn lease(&self, route: &str, now_ms: u64, _reclaim_after: Duration) -> Result<Lease, StoreError> {
+    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<Lease, StoreError> {
         let route = route.to_owned();
-        self.run(move |w| queue::lease(w, &route, now_ms)).await
+        self.run(move |w| queue::lease(w, &route, now_ms, reclaim_after)).await
     }
 
     async fn settle(&self, route: &str, leased: &Leased, settled: Settled) -> Result<(), StoreError> {

@@ -1,15 +1,24 @@
 //! The queue calls ([`crate::store::QueueStore`]) as statements on the `queue` table,
 //! run by the writer thread: an append and its marker in one transaction.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use rusqlite::{OptionalExtension, Row, params};
 
 use super::markers::{self, int, token_text, uint};
 use super::writer::Writer;
-use crate::store::queue::{Appended, DeadLetter, Lease, Leased, Message, QueueCounts, Settled};
+use crate::store::queue::{DeadLetter, Enqueued, Lease, Leased, Message, QueueCounts, Settled};
 use crate::store::{StoreError, Token, unix_ms};
 
-pub(super) fn append(w: &mut Writer, route: &str, m: &Message, max_queued: u64) -> Result<Appended, StoreError> {
+/// The claim and the append in one transaction: a key already held is found, and
+/// nothing else happens.
+pub(super) fn enqueue(w: &mut Writer, route: &str, m: &Message, max_queued: u64) -> Result<Enqueued, StoreError> {
+    if let Some(key) = &m.key
+        && let Some(marker) = markers::get(w, key, unix_ms())?
+    {
+        return Ok(Enqueued::Found(marker));
+    }
     let held = w.held(route)?;
     let exists = w
         .conn
@@ -19,7 +28,7 @@ pub(super) fn append(w: &mut Writer, route: &str, m: &Message, max_queued: u64) 
         .is_some();
     if !exists {
         if held >= max_queued {
-            return Ok(Appended::Full);
+            return Ok(Enqueued::Full);
         }
         if w.full() {
             return Err(StoreError::Unavailable("sqlite store over max_bytes".into()));
@@ -48,7 +57,7 @@ pub(super) fn append(w: &mut Writer, route: &str, m: &Message, max_queued: u64) 
     if !exists {
         w.adjust_held(route, 1);
     }
-    Ok(Appended::Queued)
+    Ok(Enqueued::Queued)
 }
 
 /// The columns [`message`] reads, in its order.
@@ -75,16 +84,20 @@ fn message(row: &Row) -> rusqlite::Result<(Message, i64)> {
     ))
 }
 
-pub(super) fn lease(w: &mut Writer, route: &str, now: u64) -> Result<Lease, StoreError> {
+/// Takes the message due first: a ready one, or one a worker took and has not settled
+/// within `reclaim_after` (its lease's `due_ms`: the call that took it may have lost its
+/// reply, or its worker is gone).
+pub(super) fn lease(w: &mut Writer, route: &str, now: u64, reclaim_after: Duration) -> Result<Lease, StoreError> {
     let sql = format!(
-        "UPDATE queue SET state = 'delivering', attempts = attempts + 1 WHERE rowid = \
-         (SELECT rowid FROM queue WHERE route = ?1 AND state = 'ready' AND due_ms <= ?2 ORDER BY due_ms LIMIT 1) \
-         RETURNING {MESSAGE}"
+        "UPDATE queue SET state = 'delivering', attempts = attempts + 1, due_ms = ?3 WHERE rowid = \
+         (SELECT rowid FROM queue WHERE route = ?1 AND state IN ('ready', 'delivering') AND due_ms <= ?2 \
+         ORDER BY due_ms LIMIT 1) RETURNING {MESSAGE}"
     );
+    let until = now.saturating_add(u64::try_from(reclaim_after.as_millis()).unwrap_or(u64::MAX));
     let taken = w
         .conn
         .prepare_cached(&sql)?
-        .query_row(params![route, int(now)], message)
+        .query_row(params![route, int(now), int(until)], message)
         .optional()?;
     if let Some((message, rowid)) = taken {
         return Ok(Lease::Leased(Box::new(Leased {
@@ -94,7 +107,7 @@ pub(super) fn lease(w: &mut Writer, route: &str, now: u64) -> Result<Lease, Stor
     }
     let next: Option<i64> = w
         .conn
-        .prepare_cached("SELECT min(due_ms) FROM queue WHERE route = ?1 AND state = 'ready'")?
+        .prepare_cached("SELECT min(due_ms) FROM queue WHERE route = ?1 AND state IN ('ready', 'delivering')")?
         .query_row([route], |row| row.get(0))?;
     Ok(Lease::Idle {
         next_due_ms: next.map(uint),

@@ -12,7 +12,8 @@
 //! - `route`, `id` (the message id as stored keys write it, or `nokey-<token>`), `key`
 //!   (its marker's stored key; NULL without one).
 //! - `state`: `ready` (due at `due_ms`: now, or a retry's time), `delivering` (a worker
-//!   has it) or `dead` (`dead_at_ms` set; kept until an operator acts).
+//!   has it until `due_ms`, `upstream_timeout` + 5 s after it took it; unsettled by
+//!   then, it is taken again) or `dead` (`dead_at_ms` set; kept until an operator acts).
 //! - `attempts` (started so far), `last_error`, `queued_at_ms`, `first_seen_ms`,
 //!   `token`; the request as it will be delivered: `method`, `target` (path and
 //!   query), `headers` (`name: value` lines, CR LF each), `body`.

@@ -1,0 +1,185 @@
+//! The Lua scripts of a route's queue, and the keys every one of them takes, in one
+//! order: `KEYS[1..7]` = `:q :m :a :e :o :r :d` (all with the route's hash tag), and on
+//! a standalone Redis `KEYS[8]`, the message's marker (another slot in a cluster,
+//! where the marker is written by a call of its own).
+
+use std::sync::LazyLock;
+
+use deadpool_redis::redis::Script;
+
+use super::super::command::Arg;
+
+/// A route's queue keys (see the module above).
+pub(super) struct Keys {
+    all: [String; 7],
+    /// `<key_prefix><route>:`: a message's marker is this and its id.
+    marker_prefix: String,
+}
+
+impl Keys {
+    pub(super) fn new(prefix: &str, route: &str) -> Self {
+        let key = |suffix: &str| format!("{prefix}{{{route}}}:{suffix}");
+        Keys {
+            all: ["q", "m", "a", "e", "o", "r", "d"].map(key),
+            marker_prefix: format!("{prefix}{route}:"),
+        }
+    }
+
+    /// The dead letters' hash.
+    pub(super) fn dead(&self) -> &str {
+        &self.all[6]
+    }
+
+    /// The marker of message `id` (a message's id is its stored key's last part).
+    pub(super) fn marker(&self, id: &str) -> String {
+        format!("{}{id}", self.marker_prefix)
+    }
+
+    /// A script's arguments: the seven keys, `marker` as the eighth (standalone
+    /// Redis), then `argv`. How many keys, too.
+    pub(super) fn args<'a>(&'a self, marker: Option<&'a str>, argv: &[Arg<'a>]) -> (usize, Vec<Arg<'a>>) {
+        let mut args: Vec<Arg<'a>> = self.all.iter().map(|k| Arg::from(k.as_str())).collect();
+        args.extend(marker.map(Arg::from));
+        let keys = args.len();
+        args.extend_from_slice(argv);
+        (keys, args)
+    }
+}
+
+/// The consumer group every replica reads a route's stream in.
+pub(super) const GROUP: &str = "deliver";
+
+/// ARGV: id, message, max_queued, queued_at_ms, group, QUEUED value. With the marker:
+/// a held key is found (`{'found', value}`) and nothing else happens. A message whose
+/// id is held already is not stored twice (`{'queued'}`); a full route stores nothing
+/// (`{'full'}`); else the message is stored, queued and its marker made QUEUED.
+const ENQUEUE_LUA: &str = r"local marker = KEYS[8]
+if marker then
+  local found = redis.call('GET', marker)
+  if found then return {'found', found} end
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+  if redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[3]) then return {'full'} end
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[5], '0', 'MKSTREAM')
+  end
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
+  redis.call('XADD', KEYS[1], '*', 'id', ARGV[1])
+end
+if marker then redis.call('SET', marker, ARGV[6]) end
+return {'queued'}";
+
+/// ARGV: group, consumer, reclaim after (ms; 0: not now), now (ms). Moves due retries
+/// to the stream, then takes one entry (an abandoned one first, when asked) whose
+/// message is still held, counting the attempt: {entry id, message id, message,
+/// attempts, last error}, or {'', '', '', 0, next retry's time or ''}.
+const LEASE_LUA: &str = r"if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', ARGV[4], 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[6], id)
+  redis.call('XADD', KEYS[1], '*', 'id', id)
+end
+local function pick(entries)
+  for _, e in ipairs(entries) do
+    local id = e[2] and e[2][2]
+    local msg = id and redis.call('HGET', KEYS[2], id)
+    if msg then
+      local attempts = redis.call('HINCRBY', KEYS[3], id, 1)
+      return {e[1], id, msg, attempts, redis.call('HGET', KEYS[4], id) or ''}
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], e[1])
+    redis.call('XDEL', KEYS[1], e[1])
+  end
+end
+if ARGV[3] ~= '0' then
+  local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', 1)
+  local got = pick(claimed[2])
+  if got then return got end
+end
+for _ = 1, 16 do
+  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
+  if not read then break end
+  local got = pick(read[1][2])
+  if got then return got end
+end
+local nxt = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+return {'', '', '', 0, nxt[2] or ''}";
+
+/// ARGV: how (done, retry, dead, return), group, entry id, message id, due (retry),
+/// error (retry, dead), dead letter (dead), COMPLETED value and its TTL in ms (done,
+/// written to the marker here on a standalone Redis).
+const SETTLE_LUA: &str = r"redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+local id = ARGV[4]
+if ARGV[1] == 'done' then
+  if KEYS[8] then redis.call('SET', KEYS[8], ARGV[8], 'PX', ARGV[9]) end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('ZREM', KEYS[5], id)
+elseif ARGV[1] == 'retry' then
+  redis.call('HSET', KEYS[4], id, ARGV[6])
+  redis.call('ZADD', KEYS[6], ARGV[5], id)
+elseif ARGV[1] == 'dead' then
+  redis.call('HSET', KEYS[4], id, ARGV[6])
+  redis.call('HSET', KEYS[7], id, ARGV[7])
+  redis.call('ZREM', KEYS[5], id)
+else
+  redis.call('XADD', KEYS[1], '*', 'id', id)
+end
+return 1";
+
+/// ARGV: group, now. {ready, scheduled, delivering, dead, oldest queued_at_ms or ''}.
+const COUNTS_LUA: &str = r"local len = redis.call('XLEN', KEYS[1])
+local pending = 0
+if len > 0 then
+  local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
+  if ok then pending = p[1] end
+end
+local due = redis.call('ZCOUNT', KEYS[6], '-inf', ARGV[2])
+local later = redis.call('ZCARD', KEYS[6]) - due
+local oldest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+return {len - pending + due, later, pending, redis.call('HLEN', KEYS[7]), oldest[2] or ''}";
+
+/// ARGV: group, id ('' for every one). Dead letters back to the stream, attempts
+/// reset. Returns how many.
+const RETRY_DEAD_LUA: &str = r"local ids = {ARGV[2]}
+if ARGV[2] == '' then ids = redis.call('HKEYS', KEYS[7]) end
+local n = 0
+for _, id in ipairs(ids) do
+  local dead = redis.call('HGET', KEYS[7], id)
+  if dead and redis.call('HEXISTS', KEYS[2], id) == 1 then
+    redis.call('HDEL', KEYS[7], id)
+    redis.call('HDEL', KEYS[3], id)
+    local ok, d = pcall(cjson.decode, dead)
+    redis.call('ZADD', KEYS[5], (ok and type(d) == 'table' and d.queued_at_ms) or 0, id)
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+      redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+    end
+    redis.call('XADD', KEYS[1], '*', 'id', id)
+    n = n + 1
+  end
+end
+return n";
+
+/// ARGV: id. Drops a dead letter (and, with the marker key, its marker); returns
+/// whether there was one.
+const DROP_DEAD_LUA: &str = r"if redis.call('HDEL', KEYS[7], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if KEYS[8] then redis.call('DEL', KEYS[8]) end
+return 1";
+
+pub(super) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_LUA));
+pub(super) static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_LUA));
+pub(super) static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(SETTLE_LUA));
+pub(super) static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
+pub(super) static RETRY_DEAD: LazyLock<Script> = LazyLock::new(|| Script::new(RETRY_DEAD_LUA));
+pub(super) static DROP_DEAD: LazyLock<Script> = LazyLock::new(|| Script::new(DROP_DEAD_LUA));
+
+/// The enqueue script's source, for `EVAL` in a pipeline with `WAIT`.
+pub(super) const ENQUEUE_SOURCE: &str = ENQUEUE_LUA;

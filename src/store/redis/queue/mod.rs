@@ -2,13 +2,14 @@
 //! carry the route as one hash tag (`<key_prefix>{<route>}:...`), so one Lua script
 //! can act on them together, in a cluster too:
 //!
-//! - `:q`, a stream with the consumer group `deliver`: one entry (`id <message id>`)
-//!   per message due for delivery. A replica reads entries with `XREADGROUP`; one
-//!   left pending longer than `upstream_timeout` + 5 s (its replica died mid-delivery)
-//!   is taken over with `XAUTOCLAIM`.
+//! - `:q`, a stream with the consumer group `deliver`: one entry (`id <message id>
+//!   a <attempts before> [e <last error>]`) per message due for delivery. A replica
+//!   reads entries with `XREADGROUP`; one left pending for `upstream_timeout` and 5 s
+//!   more (its replica died mid-delivery) is taken over with `XAUTOCLAIM`, its
+//!   deliveries counted as attempts.
 //! - `:m`, a hash: message id -> the message (JSON, below). What `max_queued` counts.
-//! - `:a`, a hash: message id -> attempts started. `:e`: message id -> last error.
-//! - `:r`, a sorted set: message ids waiting for a retry, scored by when (Unix ms).
+//! - `:r`, a sorted set: message ids waiting for a retry, scored by when (Unix ms);
+//!   `:e`, a hash: their attempts and last error (`<attempts>|<error>`).
 //! - `:d`, a hash: message id -> dead letter (JSON: `key`, `attempts`, `last_error`,
 //!   `queued_at_ms`, `dead_at_ms`).
 //! - `:o`, a sorted set: message ids not yet delivered nor dead, scored by when they
@@ -85,7 +86,6 @@ impl RedisStore {
             Arg::Bytes(&blob),
             Arg::Int(max_queued),
             Arg::Int(m.queued_at_ms),
-            GROUP.into(),
             Arg::Bytes(&queued),
         ];
         let marker = m.key.as_deref();
@@ -184,8 +184,29 @@ impl RedisStore {
             Arg::Int(reclaim),
             Arg::Int(now_ms),
         ];
-        let (entry, id, raw, attempts, extra): (String, String, Vec<u8>, u32, String) =
-            self.script(&LEASE, k, None, &argv).await?;
+        let leased = match self.script(&LEASE, k, None, &argv).await {
+            // A stream with no group yet (the enqueue does not make one): made from the
+            // stream's start, so it reads every entry there is.
+            Err(error) if error.to_string().contains("NOGROUP") => {
+                let create = [
+                    "CREATE".into(),
+                    k.stream().into(),
+                    GROUP.into(),
+                    "0".into(),
+                    "MKSTREAM".into(),
+                ];
+                if let Err(error) = self
+                    .call::<redis::Value>(&self.conns(), Call::Cmd("XGROUP", &create))
+                    .await
+                    && !error.to_string().contains("BUSYGROUP")
+                {
+                    return Err(error);
+                }
+                self.script(&LEASE, k, None, &argv).await
+            }
+            other => other,
+        };
+        let (entry, id, raw, attempts, extra): (String, String, Vec<u8>, u32, String) = leased?;
         if entry.is_empty() {
             return Ok(Lease::Idle {
                 // A score comes back as Redis writes a double.
@@ -201,7 +222,7 @@ impl RedisStore {
     /// script on a standalone Redis, with a call of its own in a cluster.
     async fn settle_script(&self, k: &Keys, leased: &Leased, how: Settle<'_>) -> Result<(), StoreError> {
         let m = &leased.message;
-        let (mut due, mut error, mut dead, mut completed, mut ttl) = (0, "", Vec::new(), Vec::new(), 1);
+        let (mut due, mut error, mut dead, mut completed, mut ttl) = (0, String::new(), Vec::new(), Vec::new(), 1);
         let mut marker = m.key.as_deref();
         let what = match how {
             Settle::Gone => {
@@ -229,11 +250,10 @@ impl RedisStore {
                 "done"
             }
             Settle::Retry(at, why) => {
-                (due, error) = (at, why);
+                (due, error) = (at, format!("{}|{why}", m.attempts));
                 "retry"
             }
             Settle::Dead(why) => {
-                error = why;
                 let letter = StoredDead {
                     key: m.key.clone(),
                     attempts: m.attempts,
@@ -252,10 +272,11 @@ impl RedisStore {
             leased.lease.as_str().into(),
             m.id.as_str().into(),
             Arg::Int(due),
-            error.into(),
+            error.as_str().into(),
             Arg::Bytes(&dead),
             Arg::Bytes(&completed),
             Arg::Int(ttl),
+            Arg::Int(u64::from(m.attempts)),
         ];
         self.script::<redis::Value>(&SETTLE, k, marker, &argv).await.map(drop)
     }
@@ -368,8 +389,7 @@ impl QueueStore for RedisStore {
 
     async fn retry_dead(&self, route: &str, id: Option<&str>, _now_ms: u64) -> Result<u64, StoreError> {
         let k = Keys::new(&self.key_prefix, route);
-        let argv = [GROUP.into(), id.unwrap_or("").into()];
-        self.script(&RETRY_DEAD, &k, None, &argv).await
+        self.script(&RETRY_DEAD, &k, None, &[id.unwrap_or("").into()]).await
     }
 
     async fn drop_dead(&self, route: &str, id: &str) -> Result<bool, StoreError> {

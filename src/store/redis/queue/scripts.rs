@@ -1,7 +1,11 @@
 //! The Lua scripts of a route's queue, and the keys every one of them takes, in one
-//! order: `KEYS[1..7]` = `:q :m :a :e :o :r :d` (all with the route's hash tag), and on
-//! a standalone Redis `KEYS[8]`, the message's marker (another slot in a cluster,
-//! where the marker is written by a call of its own).
+//! order: `KEYS[1..6]` = `:q :m :e :o :r :d` (all with the route's hash tag), and on a
+//! standalone Redis `KEYS[7]`, the message's marker (another slot in a cluster, where
+//! the marker is written by a call of its own).
+//!
+//! A stream entry carries the message id, the attempts started before it (`a`) and the
+//! last error (`e`); a message waiting for a retry has them in `:e` (`<attempts>|<error>`)
+//! until it is due and goes back to the stream.
 
 use std::sync::LazyLock;
 
@@ -11,7 +15,7 @@ use super::super::command::Arg;
 
 /// A route's queue keys (see the module above).
 pub(super) struct Keys {
-    all: [String; 7],
+    all: [String; 6],
     /// `<key_prefix><route>:`: a message's marker is this and its id.
     marker_prefix: String,
 }
@@ -20,14 +24,19 @@ impl Keys {
     pub(super) fn new(prefix: &str, route: &str) -> Self {
         let key = |suffix: &str| format!("{prefix}{{{route}}}:{suffix}");
         Keys {
-            all: ["q", "m", "a", "e", "o", "r", "d"].map(key),
+            all: ["q", "m", "e", "o", "r", "d"].map(key),
             marker_prefix: format!("{prefix}{route}:"),
         }
     }
 
+    /// The stream.
+    pub(super) fn stream(&self) -> &str {
+        &self.all[0]
+    }
+
     /// The dead letters' hash.
     pub(super) fn dead(&self) -> &str {
-        &self.all[6]
+        &self.all[5]
     }
 
     /// The marker of message `id` (a message's id is its stored key's last part).
@@ -35,7 +44,7 @@ impl Keys {
         format!("{}{id}", self.marker_prefix)
     }
 
-    /// A script's arguments: the seven keys, `marker` as the eighth (standalone
+    /// A script's arguments: the six keys, `marker` as the seventh (standalone
     /// Redis), then `argv`. How many keys, too.
     pub(super) fn args<'a>(&'a self, marker: Option<&'a str>, argv: &[Arg<'a>]) -> (usize, Vec<Arg<'a>>) {
         let mut args: Vec<Arg<'a>> = self.all.iter().map(|k| Arg::from(k.as_str())).collect();
@@ -49,46 +58,54 @@ impl Keys {
 /// The consumer group every replica reads a route's stream in.
 pub(super) const GROUP: &str = "deliver";
 
-/// ARGV: id, message, max_queued, queued_at_ms, group, QUEUED value. With the marker:
-/// a held key is found (`{'found', value}`) and nothing else happens. A message whose
-/// id is held already is not stored twice (`{'queued'}`); a full route stores nothing
-/// (`{'full'}`); else the message is stored, queued and its marker made QUEUED.
-const ENQUEUE_LUA: &str = r"local marker = KEYS[8]
+/// ARGV: id, message, max_queued, queued_at_ms, QUEUED value. With the marker: a held
+/// key is found (`{'found', value}`) and nothing else happens. A message whose id is
+/// held already is not stored twice (`{'queued'}`); a full route stores nothing
+/// (`{'full'}`); else the message is stored, queued and its marker made QUEUED. (The
+/// stream may have no group yet: a lease creates it, from the stream's start.)
+const ENQUEUE_LUA: &str = r"local marker = KEYS[7]
 if marker then
   local found = redis.call('GET', marker)
   if found then return {'found', found} end
 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
   if redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[3]) then return {'full'} end
-  if redis.call('EXISTS', KEYS[1]) == 0 then
-    redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[5], '0', 'MKSTREAM')
-  end
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-  redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
-  redis.call('XADD', KEYS[1], '*', 'id', ARGV[1])
+  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+  redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'a', 0)
 end
-if marker then redis.call('SET', marker, ARGV[6]) end
+if marker then redis.call('SET', marker, ARGV[5]) end
 return {'queued'}";
 
 /// ARGV: group, consumer, reclaim after (ms; 0: not now), now (ms). Moves due retries
 /// to the stream, then takes one entry (an abandoned one first, when asked) whose
-/// message is still held, counting the attempt: {entry id, message id, message,
-/// attempts, last error}, or {'', '', '', 0, next retry's time or ''}.
-const LEASE_LUA: &str = r"if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
-end
-local due = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', ARGV[4], 'LIMIT', 0, 100)
+/// message is still held: {entry id, message id, message, attempts with this one, last
+/// error}, or {'', '', '', 0, next retry's time or ''}. An entry taken over counts the
+/// deliveries it had.
+const LEASE_LUA: &str = r"local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[4], 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[6], id)
-  redis.call('XADD', KEYS[1], '*', 'id', id)
+  local last = redis.call('HGET', KEYS[3], id) or '0|'
+  local sep = string.find(last, '|', 1, true) or (#last + 1)
+  redis.call('ZREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('XADD', KEYS[1], '*', 'id', id, 'a', string.sub(last, 1, sep - 1), 'e', string.sub(last, sep + 1))
 end
-local function pick(entries)
+local function field(fields, name)
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+end
+local function pick(entries, taken_over)
   for _, e in ipairs(entries) do
-    local id = e[2] and e[2][2]
+    local fields = e[2] or {}
+    local id = field(fields, 'id')
     local msg = id and redis.call('HGET', KEYS[2], id)
     if msg then
-      local attempts = redis.call('HINCRBY', KEYS[3], id, 1)
-      return {e[1], id, msg, attempts, redis.call('HGET', KEYS[4], id) or ''}
+      local deliveries = 1
+      if taken_over then
+        deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)[1][4]
+      end
+      return {e[1], id, msg, (tonumber(field(fields, 'a')) or 0) + deliveries, field(fields, 'e') or ''}
     end
     redis.call('XACK', KEYS[1], ARGV[1], e[1])
     redis.call('XDEL', KEYS[1], e[1])
@@ -96,39 +113,37 @@ local function pick(entries)
 end
 if ARGV[3] ~= '0' then
   local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', 1)
-  local got = pick(claimed[2])
+  local got = pick(claimed[2], true)
   if got then return got end
 end
 for _ = 1, 16 do
   local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
   if not read then break end
-  local got = pick(read[1][2])
+  local got = pick(read[1][2], false)
   if got then return got end
 end
-local nxt = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
 return {'', '', '', 0, nxt[2] or ''}";
 
 /// ARGV: how (done, retry, dead, return), group, entry id, message id, due (retry),
-/// error (retry, dead), dead letter (dead), COMPLETED value and its TTL in ms (done,
-/// written to the marker here on a standalone Redis).
+/// attempts and error (retry: `<attempts>|<error>`; dead: the error), dead letter
+/// (dead), COMPLETED value and its TTL in ms (done, written to the marker here on a
+/// standalone Redis), attempts so far (return).
 const SETTLE_LUA: &str = r"redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
 local id = ARGV[4]
 if ARGV[1] == 'done' then
-  if KEYS[8] then redis.call('SET', KEYS[8], ARGV[8], 'PX', ARGV[9]) end
+  if KEYS[7] then redis.call('SET', KEYS[7], ARGV[8], 'PX', ARGV[9]) end
   redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('HDEL', KEYS[4], id)
-  redis.call('ZREM', KEYS[5], id)
+  redis.call('ZREM', KEYS[4], id)
 elseif ARGV[1] == 'retry' then
-  redis.call('HSET', KEYS[4], id, ARGV[6])
-  redis.call('ZADD', KEYS[6], ARGV[5], id)
+  redis.call('HSET', KEYS[3], id, ARGV[6])
+  redis.call('ZADD', KEYS[5], ARGV[5], id)
 elseif ARGV[1] == 'dead' then
-  redis.call('HSET', KEYS[4], id, ARGV[6])
-  redis.call('HSET', KEYS[7], id, ARGV[7])
-  redis.call('ZREM', KEYS[5], id)
+  redis.call('HSET', KEYS[6], id, ARGV[7])
+  redis.call('ZREM', KEYS[4], id)
 else
-  redis.call('XADD', KEYS[1], '*', 'id', id)
+  redis.call('XADD', KEYS[1], '*', 'id', id, 'a', ARGV[10])
 end
 return 1";
 
@@ -139,27 +154,23 @@ if len > 0 then
   local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
   if ok then pending = p[1] end
 end
-local due = redis.call('ZCOUNT', KEYS[6], '-inf', ARGV[2])
-local later = redis.call('ZCARD', KEYS[6]) - due
-local oldest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-return {len - pending + due, later, pending, redis.call('HLEN', KEYS[7]), oldest[2] or ''}";
+local due = redis.call('ZCOUNT', KEYS[5], '-inf', ARGV[2])
+local later = redis.call('ZCARD', KEYS[5]) - due
+local oldest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+return {len - pending + due, later, pending, redis.call('HLEN', KEYS[6]), oldest[2] or ''}";
 
-/// ARGV: group, id ('' for every one). Dead letters back to the stream, attempts
-/// reset. Returns how many.
-const RETRY_DEAD_LUA: &str = r"local ids = {ARGV[2]}
-if ARGV[2] == '' then ids = redis.call('HKEYS', KEYS[7]) end
+/// ARGV: id ('' for every one). Dead letters back to the stream, attempts reset.
+/// Returns how many.
+const RETRY_DEAD_LUA: &str = r"local ids = {ARGV[1]}
+if ARGV[1] == '' then ids = redis.call('HKEYS', KEYS[6]) end
 local n = 0
 for _, id in ipairs(ids) do
-  local dead = redis.call('HGET', KEYS[7], id)
+  local dead = redis.call('HGET', KEYS[6], id)
   if dead and redis.call('HEXISTS', KEYS[2], id) == 1 then
-    redis.call('HDEL', KEYS[7], id)
-    redis.call('HDEL', KEYS[3], id)
+    redis.call('HDEL', KEYS[6], id)
     local ok, d = pcall(cjson.decode, dead)
-    redis.call('ZADD', KEYS[5], (ok and type(d) == 'table' and d.queued_at_ms) or 0, id)
-    if redis.call('EXISTS', KEYS[1]) == 0 then
-      redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
-    end
-    redis.call('XADD', KEYS[1], '*', 'id', id)
+    redis.call('ZADD', KEYS[4], (ok and type(d) == 'table' and d.queued_at_ms) or 0, id)
+    redis.call('XADD', KEYS[1], '*', 'id', id, 'a', 0)
     n = n + 1
   end
 end
@@ -167,11 +178,10 @@ return n";
 
 /// ARGV: id. Drops a dead letter (and, with the marker key, its marker); returns
 /// whether there was one.
-const DROP_DEAD_LUA: &str = r"if redis.call('HDEL', KEYS[7], ARGV[1]) == 0 then return 0 end
+const DROP_DEAD_LUA: &str = r"if redis.call('HDEL', KEYS[6], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-if KEYS[8] then redis.call('DEL', KEYS[8]) end
+if KEYS[7] then redis.call('DEL', KEYS[7]) end
 return 1";
 
 pub(super) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_LUA));

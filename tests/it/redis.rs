@@ -760,7 +760,10 @@ async fn starts_not_ready_without_redis_refuses_a_wrong_password_and_warns_about
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]).await;
     let p = GatewayProcess::start(&redis_cfg(&server.url()).toml("http://127.0.0.1:9")).await;
     let logs = p.logs.lock().expect("logs").join("\n");
-    assert!(logs.contains("maxmemory-policy is not noeviction"), "{logs}");
+    assert!(
+        logs.contains("maxmemory-policy is allkeys-lru, not noeviction"),
+        "{logs}"
+    );
 }
 
 #[tokio::test]

@@ -47,6 +47,8 @@ impl SqliteStore {
         let (jobs, queue) = mpsc::channel();
         let writer = Writer {
             conn,
+            fsync,
+            synchronous: writer::synchronous(fsync, true),
             held: HashMap::new(),
             limits: Arc::clone(&limits),
         };
@@ -63,13 +65,30 @@ impl SqliteStore {
     }
 
     /// Runs `op` on the writer thread and waits (within `store.timeout`) for its
-    /// answer, which comes after the commit.
+    /// answer, which comes after the commit (an fsync with `fsync = "always"`).
     async fn run<T: Send + 'static>(
         &self,
         op: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.submit(op, true).await
+    }
+
+    /// [`Self::run`] for a call whose effect need not survive power loss (a read, a
+    /// claim, a release, a lease): its commit waits for no fsync (see `writer`).
+    async fn run_light<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.submit(op, false).await
+    }
+
+    async fn submit<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
+        durable: bool,
+    ) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |w: &mut Writer| {
+        let work = Box::new(move |w: &mut Writer| {
             let result = op(w);
             Done {
                 ok: result.is_ok(),
@@ -78,6 +97,7 @@ impl SqliteStore {
                 }),
             }
         });
+        let job = Job { work, durable };
         self.jobs
             .send(job)
             .map_err(|_| StoreError::Unavailable("the sqlite thread has stopped".into()))?;
@@ -93,7 +113,7 @@ impl SqliteStore {
 impl Store for SqliteStore {
     async fn claim(&self, key: &str, token: Token, first_seen_ms: u64, ttl: Duration) -> Result<Claim, StoreError> {
         let key = key.to_owned();
-        self.run(move |w| markers::claim(w, &key, token, first_seen_ms, ttl, unix_ms()))
+        self.run_light(move |w| markers::claim(w, &key, token, first_seen_ms, ttl, unix_ms()))
             .await
     }
 
@@ -108,14 +128,16 @@ impl Store for SqliteStore {
 
     async fn release(&self, key: &str, token: Token, _first_seen_ms: u64) -> Result<bool, StoreError> {
         let key = key.to_owned();
-        let done = self.run(move |w| markers::release(w, &key, token, unix_ms())).await;
+        let done = self
+            .run_light(move |w| markers::release(w, &key, token, unix_ms()))
+            .await;
         self.waits.wake(token);
         done
     }
 
     async fn get(&self, key: &str) -> Result<Option<Marker>, StoreError> {
         let key = key.to_owned();
-        self.run(move |w| markers::get(w, &key, unix_ms())).await
+        self.run_light(move |w| markers::get(w, &key, unix_ms())).await
     }
 
     /// Woken at once by the holder (every holder is in this process, but one left by
@@ -133,7 +155,7 @@ impl Store for SqliteStore {
         if self.limits.full.load(Ordering::Relaxed) {
             return Err(StoreError::Unavailable("sqlite store over max_bytes".into()));
         }
-        self.run(|w| {
+        self.run_light(|w| {
             w.conn
                 .prepare_cached("INSERT OR REPLACE INTO health (id, checked_ms) VALUES (1, ?1)")?
                 .execute([markers::int(unix_ms())])?;
@@ -144,7 +166,7 @@ impl Store for SqliteStore {
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
         let key = key.to_owned();
-        self.run(move |w| markers::inspect(w, &key, unix_ms())).await
+        self.run_light(move |w| markers::inspect(w, &key, unix_ms())).await
     }
 
     async fn forget(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
@@ -167,7 +189,8 @@ impl QueueStore for SqliteStore {
 
     async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<Lease, StoreError> {
         let route = route.to_owned();
-        self.run(move |w| queue::lease(w, &route, now_ms, reclaim_after)).await
+        self.run_light(move |w| queue::lease(w, &route, now_ms, reclaim_after))
+            .await
     }
 
     async fn settle(&self, route: &str, leased: &Leased, settled: Settled) -> Result<(), StoreError> {
@@ -177,12 +200,12 @@ impl QueueStore for SqliteStore {
 
     async fn counts(&self, route: &str, now_ms: u64) -> Result<QueueCounts, StoreError> {
         let route = route.to_owned();
-        self.run(move |w| queue::counts(w, &route, now_ms)).await
+        self.run_light(move |w| queue::counts(w, &route, now_ms)).await
     }
 
     async fn dead_letters(&self, route: &str, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         let route = route.to_owned();
-        self.run(move |w| queue::dead_letters(w, &route, limit)).await
+        self.run_light(move |w| queue::dead_letters(w, &route, limit)).await
     }
 
     async fn retry_dead(&self, route: &str, id: Option<&str>, now_ms: u64) -> Result<u64, StoreError> {

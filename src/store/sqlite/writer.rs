@@ -3,6 +3,12 @@
 //! once (group commit: with `fsync = "always"`, concurrent claims and appends share one
 //! fsync), then answers them all. A job's answer leaves only after the commit, so an
 //! acknowledged append is on disk before the sender hears of it.
+//!
+//! Only what must survive power loss pays for an fsync: a batch with a durable job
+//! (an enqueue, a complete, how a delivery ended, an operator's change) commits with
+//! `synchronous = FULL`; one of reads, claims, releases and leases with `NORMAL` (in
+//! WAL mode: no fsync; the next durable commit's fsync covers it). A claim or a lease
+//! lost with the machine costs nothing: nothing was acknowledged on it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,6 +27,10 @@ use crate::store::StoreError;
 /// keeps between jobs.
 pub(super) struct Writer {
     pub conn: Connection,
+    /// `store.fsync`.
+    pub fsync: Fsync,
+    /// The connection's `synchronous` now.
+    pub synchronous: &'static str,
     /// Messages each route holds (what `max_queued` counts): counted once per route,
     /// then kept up to date here (this thread is the database's only writer). Cleared
     /// when a commit fails, to be counted again.
@@ -38,8 +48,11 @@ pub(super) struct Limits {
     pub full: AtomicBool,
 }
 
-/// A call for the thread.
-pub(super) type Job = Box<dyn FnOnce(&mut Writer) -> Done + Send>;
+/// A call for the thread: its work, and whether its effect must survive power loss.
+pub(super) struct Job {
+    pub work: Box<dyn FnOnce(&mut Writer) -> Done + Send>,
+    pub durable: bool,
+}
 
 /// A job's work done: whether it succeeded (else its savepoint is rolled back), and
 /// its answer, to be sent once the commit's fate is known.
@@ -76,16 +89,15 @@ pub(super) fn open(path: &Path, fsync: Fsync, busy: Duration) -> Result<Connecti
             path.display()
         )));
     }
-    // In WAL mode, FULL syncs the log at every commit; OFF leaves it to the OS.
-    let sync = match fsync {
-        Fsync::Always => "FULL",
-        Fsync::Never => "OFF",
-    };
-    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "synchronous", synchronous(fsync, true))?;
     conn.execute_batch(schema::CREATE)?;
-    // A message a worker had when the last process stopped is due again; its attempt
-    // was counted when it was taken.
-    conn.execute("UPDATE queue SET state = 'ready' WHERE state = 'delivering'", [])?;
+    // A message a worker had when the last process stopped is due again, now (its
+    // due_ms was its lease's end); its attempt was counted when it was taken.
+    let now = i64::try_from(crate::store::unix_ms()).unwrap_or(i64::MAX);
+    conn.execute(
+        "UPDATE queue SET state = 'ready', due_ms = ?1 WHERE state = 'delivering'",
+        [now],
+    )?;
     Ok(conn)
 }
 
@@ -106,11 +118,35 @@ pub(super) fn run(mut writer: Writer, jobs: Receiver<Job>) {
             }
         }
         if !batch.is_empty() {
+            let durable = batch.iter().any(|job: &Job| job.durable);
+            set_synchronous(&mut writer, durable);
             commit(&mut writer, batch.drain(..));
         }
         if Instant::now() >= next_sweep {
             sweep::run(&mut writer);
             next_sweep = Instant::now() + SWEEP_EVERY;
+        }
+    }
+}
+
+/// In WAL mode, FULL syncs the log at every commit, NORMAL at checkpoints only; OFF
+/// leaves it to the OS.
+pub(super) fn synchronous(fsync: Fsync, durable: bool) -> &'static str {
+    match (fsync, durable) {
+        (Fsync::Always, true) => "FULL",
+        (Fsync::Always, false) => "NORMAL",
+        (Fsync::Never, _) => "OFF",
+    }
+}
+
+/// Sets `synchronous` for the next commit (outside a transaction, where SQLite takes it).
+fn set_synchronous(writer: &mut Writer, durable: bool) {
+    let wanted = synchronous(writer.fsync, durable);
+    if wanted != writer.synchronous {
+        match writer.conn.pragma_update(None, "synchronous", wanted) {
+            Ok(()) => writer.synchronous = wanted,
+            // Left as it was: FULL at worst, a commit slower than it needed to be.
+            Err(e) => tracing::warn!(error = %e, "sqlite cannot set synchronous"),
         }
     }
 }
@@ -129,7 +165,7 @@ fn commit(writer: &mut Writer, jobs: impl Iterator<Item = Job>) {
             tracing::warn!(error = %e, "sqlite cannot open a savepoint");
             continue;
         }
-        let done = job(writer);
+        let done = (job.work)(writer);
         let end = if done.ok {
             "RELEASE job"
         } else {

@@ -291,6 +291,11 @@ async fn redis_store_keeps_the_queue_contract() {
     let redis = RedisServer::start().await;
     let store = crate::store_contract::redis_store(redis.url()).await;
     queue_contract(&store, "q").await;
+    // Settled entries are acknowledged, not deleted one by one: a lease trims them
+    // (once a second), keeping the last one read.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    idle(&store, "q").await;
+    assert_eq!(redis.cli(&["XLEN", "dedup:{q}:q"]).trim(), "1", "trimmed");
     // Every key of the route's queue carries the route as its hash tag.
     let keys = redis.cli(&["--scan", "--pattern", "dedup:{q}:*"]);
     assert!(keys.lines().any(|k| k == "dedup:{q}:q"), "the stream: {keys}");

@@ -6,7 +6,9 @@
 //!   a <attempts before> [e <last error>]`) per message due for delivery. A replica
 //!   reads entries with `XREADGROUP`; one left pending for `upstream_timeout` and 5 s
 //!   more (its replica died mid-delivery) is taken over with `XAUTOCLAIM`, its
-//!   deliveries counted as attempts.
+//!   deliveries counted as attempts. A settled entry is acknowledged, not deleted (an
+//!   `XDEL` was the costliest command of a delivery): entries older than the oldest
+//!   pending or unread one are trimmed (`XTRIM MINID`) once a second.
 //! - `:m`, a hash: message id -> the message (JSON, below). What `max_queued` counts.
 //! - `:r`, a sorted set: message ids waiting for a retry, scored by when (Unix ms);
 //!   `:e`, a hash: their attempts and last error (`<attempts>|<error>`).

@@ -108,11 +108,31 @@ local function pick(entries, taken_over)
       return {e[1], id, msg, (tonumber(field(fields, 'a')) or 0) + deliveries, field(fields, 'e') or ''}
     end
     redis.call('XACK', KEYS[1], ARGV[1], e[1])
-    redis.call('XDEL', KEYS[1], e[1])
   end
+end
+local function before(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am) or 0, tonumber(as) or 0, tonumber(bm) or 0, tonumber(bs) or 0
+  return am < bm or (am == bm and as < bs)
+end
+local function trim()
+  local last
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local name, id
+    for i = 1, #g - 1, 2 do
+      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then id = g[i + 1] end
+    end
+    if name == ARGV[1] then last = id end
+  end
+  if not last then return end
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1])
+  if pending[1] > 0 and before(pending[2], last) then last = pending[2] end
+  redis.call('XTRIM', KEYS[1], 'MINID', last)
 end
 if ARGV[3] ~= '0' then
   local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', 1)
+  trim()
   local got = pick(claimed[2], true)
   if got then return got end
 end
@@ -130,7 +150,6 @@ return {'', '', '', 0, nxt[2] or ''}";
 /// (dead), COMPLETED value and its TTL in ms (done, written to the marker here on a
 /// standalone Redis), attempts so far (return).
 const SETTLE_LUA: &str = r"redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
 local id = ARGV[4]
 if ARGV[1] == 'done' then
   if KEYS[7] then redis.call('SET', KEYS[7], ARGV[8], 'PX', ARGV[9]) end
@@ -148,16 +167,29 @@ end
 return 1";
 
 /// ARGV: group, now. {ready, scheduled, delivering, dead, oldest queued_at_ms or ''}.
-const COUNTS_LUA: &str = r"local len = redis.call('XLEN', KEYS[1])
-local pending = 0
-if len > 0 then
-  local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
-  if ok then pending = p[1] end
+/// Ready is the group's lag (entries not yet read); a stream whose group a lease has
+/// not made yet is all ready.
+const COUNTS_LUA: &str = r"local ready, pending = 0, 0
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local found = false
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local f = {}
+    for i = 1, #g - 1, 2 do f[g[i]] = g[i + 1] end
+    if f['name'] == ARGV[1] then
+      found = true
+      pending = f['pending'] or 0
+      ready = f['lag']
+      if type(ready) ~= 'number' then
+        ready = math.max(0, redis.call('XLEN', KEYS[1]) - pending)
+      end
+    end
+  end
+  if not found then ready = redis.call('XLEN', KEYS[1]) end
 end
 local due = redis.call('ZCOUNT', KEYS[5], '-inf', ARGV[2])
 local later = redis.call('ZCARD', KEYS[5]) - due
 local oldest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-return {len - pending + due, later, pending, redis.call('HLEN', KEYS[6]), oldest[2] or ''}";
+return {ready + due, later, pending, redis.call('HLEN', KEYS[6]), oldest[2] or ''}";
 
 /// ARGV: id ('' for every one). Dead letters back to the stream, attempts reset.
 /// Returns how many.

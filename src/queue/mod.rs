@@ -1,12 +1,12 @@
-//! Delivery of queued routes (`delivery = "queued"`): `delivery_concurrency` workers
-//! per queued route in this process, each taking one message at a time from the
-//! route's queue in the store and delivering it ([`worker`]), how an attempt's end is
-//! judged and when the next one is due ([`verdict`]).
+//! Delivery of queued routes (`delivery = "queued"`): workers per queued route in this
+//! process, `delivery_concurrency` deliveries in all, each taking a few messages at a
+//! time from the route's queue in the store and delivering them ([`worker`]); how an
+//! attempt's end is judged and when the next one is due ([`verdict`]).
 //!
 //! The workers run on the coordinator's runtime, tracked with the owners' tasks, so
 //! shutdown waits for running deliveries for `shutdown_grace`. A supervisor starts the
 //! workers a (re)loaded config asks for; a worker whose route is gone or no longer
-//! queued, or whose index is past the route's concurrency, stops by itself.
+//! queued, or whose share of the route's concurrency is gone, stops by itself.
 
 mod verdict;
 mod worker;
@@ -45,7 +45,7 @@ fn spawn_missing(gw: &Arc<Gateway>, running: &Running) {
         let Some(queue) = route.config.policy.delivery.queue() else {
             continue;
         };
-        for index in 0..queue.concurrency {
+        for index in 0..queue.concurrency.div_ceil(worker::BATCH) {
             let slot = (route.config.name.clone(), index);
             if !running
                 .lock()

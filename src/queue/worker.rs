@@ -1,7 +1,8 @@
-//! One delivery worker: takes the route's next due message, delivers it with
-//! `X-Dedup-Attempt` and `X-Dedup-Queued-At` within `upstream_timeout`, and records how
-//! it ended. Idle, it waits for an append in this process, the next retry's time, or
-//! a poll (appends on other replicas).
+//! One delivery worker: takes up to [`BATCH`] of the route's due messages in one store
+//! call, delivers them at once, each with `X-Dedup-Attempt` and `X-Dedup-Queued-At`
+//! within `upstream_timeout`, and records how they ended in one more. Idle, it waits
+//! for an append in this process, the next retry's time, or a poll (appends on other
+//! replicas).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,18 +33,31 @@ const RECLAIM_MARGIN: Duration = Duration::from_secs(5);
 /// be used again).
 const READ_ANSWER: usize = 64 * 1024;
 
+/// Deliveries a worker runs at once: what one store call takes and one records. A
+/// route's `delivery_concurrency` is shared out among workers of up to this many.
+pub(super) const BATCH: usize = 4;
+
+/// How many of the route's deliveries worker `index` runs at once (0: none, it stops).
+pub(super) fn slots(concurrency: usize, index: usize) -> usize {
+    concurrency.saturating_sub(index * BATCH).min(BATCH)
+}
+
 /// Runs worker `index` of route `name` until shutdown, or until the route no longer
 /// wants it.
 pub(super) async fn run(gw: &Arc<Gateway>, name: &str, index: usize) {
     let waker = gw.deliveries.waker(name);
     let mut failing = false;
     while !gw.is_stopping() {
-        let Some(route) = current(gw, name, index) else { return };
+        let Some((route, slots)) = current(gw, name, index) else {
+            return;
+        };
         let reclaim = route.config.policy.upstream_timeout + RECLAIM_MARGIN;
-        let idle_until = match gw.store.lease(name, unix_ms(), reclaim).await {
-            Ok(Lease::Leased(leased)) => {
+        let idle_until = match gw.store.lease(name, unix_ms(), reclaim, slots).await {
+            Ok(Lease::Leased(taken)) => {
                 failing = false;
-                deliver(gw, &route, *leased).await;
+                let ended = futures_util::future::join_all(taken.iter().map(|leased| deliver(gw, &route, leased)));
+                let ended: Vec<(&Leased, Settled)> = taken.iter().zip(ended.await).collect();
+                record(gw, &route, &ended).await;
                 continue;
             }
             Ok(Lease::Idle { next_due_ms }) => {
@@ -67,27 +81,27 @@ pub(super) async fn run(gw: &Arc<Gateway>, name: &str, index: usize) {
     }
 }
 
-/// The route as the current config has it, while it wants worker `index`.
-fn current(gw: &Gateway, name: &str, index: usize) -> Option<Arc<Route>> {
+/// The route as the current config has it, and how many deliveries worker `index`
+/// runs at once, while it wants the worker.
+fn current(gw: &Gateway, name: &str, index: usize) -> Option<(Arc<Route>, usize)> {
     let routes = gw.routes.load();
     let route = routes.named(name)?;
-    let queue = route.config.policy.delivery.queue()?;
-    (index < queue.concurrency).then(|| Arc::clone(route))
+    let slots = slots(route.config.policy.delivery.queue()?.concurrency, index);
+    (slots > 0).then(|| (Arc::clone(route), slots))
 }
 
-/// One attempt of a leased message, and its record.
-async fn deliver(gw: &Gateway, route: &Route, leased: Leased) {
+/// One attempt of a leased message: how it ended, to be recorded.
+async fn deliver(gw: &Gateway, route: &Route, leased: &Leased) -> Settled {
     let (config, m) = (&route.config, &leased.message);
     let Some(queue) = config.policy.delivery.queue() else {
-        return;
+        return Settled::Returned;
     };
     let request = match request(m) {
         Ok(request) => request,
         Err(error) => {
             // Cannot happen for what an append stored; kept, not dropped, for an operator.
             tracing::warn!(route = %config.name, id = %m.id, %error, "queued message cannot be sent: dead letter");
-            record(gw, route, &leased, Settled::Dead { error }).await;
-            return;
+            return Settled::Dead { error };
         }
     };
     let started = Instant::now();
@@ -96,8 +110,7 @@ async fn deliver(gw: &Gateway, route: &Route, leased: Leased) {
         // The shutdown grace is over: the message stays queued.
         () = gw.abandoned() => {
             tracing::warn!(route = %config.name, id = %m.id, "shutdown grace over: delivery left for later");
-            let _ = gw.store.settle(&config.name, &leased, Settled::Returned).await;
-            return;
+            return Settled::Returned;
         }
         sent = upstream::call(&config.upstream.authority, request, started, config.policy.upstream_timeout) => sent,
     };
@@ -115,7 +128,14 @@ async fn deliver(gw: &Gateway, route: &Route, leased: Leased) {
     }
     let now = unix_ms();
     let settled = verdict::settle(attempt, m.attempts, queue, now, config.policy.completed_ttl, jitter());
-    match &settled {
+    count(route, m, &settled, now);
+    settled
+}
+
+/// Counts and logs how an attempt ended.
+fn count(route: &Route, m: &Message, settled: &Settled, now: u64) {
+    let name = &route.config.name;
+    match settled {
         Settled::Delivered { .. } => {
             route.metrics.delivery(Delivery::Delivered);
             route
@@ -124,16 +144,15 @@ async fn deliver(gw: &Gateway, route: &Route, leased: Leased) {
         }
         Settled::Retry { due_ms, error } => {
             route.metrics.delivery(Delivery::Retry);
-            tracing::info!(route = %config.name, id = %m.id, attempt = m.attempts, %error,
+            tracing::info!(route = %name, id = %m.id, attempt = m.attempts, %error,
                 retry_in_ms = due_ms.saturating_sub(now), "delivery failed; will retry");
         }
         Settled::Dead { error } => {
             route.metrics.delivery(Delivery::Dead);
-            tracing::warn!(route = %config.name, id = %m.id, attempt = m.attempts, %error, "delivery failed: dead letter");
+            tracing::warn!(route = %name, id = %m.id, attempt = m.attempts, %error, "delivery failed: dead letter");
         }
         Settled::Returned => {}
     }
-    record(gw, route, &leased, settled).await;
 }
 
 /// The request a message is delivered as: as it was forwarded, with the attempt's
@@ -161,19 +180,19 @@ fn class(sent: &Result<http::Response<Body>, UpstreamError>) -> UpstreamClass {
     }
 }
 
-/// Records how a delivery ended, trying again while the store fails: the delivery
+/// Records how deliveries ended, trying again while the store fails: the deliveries
 /// happened, and only the record tells the queue so. At the end of the shutdown
-/// grace it gives up; the message is then delivered again after a restart (SQLite) or
-/// by another replica (Redis): the crash window the README describes.
-async fn record(gw: &Gateway, route: &Route, leased: &Leased, settled: Settled) {
+/// grace it gives up; the messages are then delivered again after a restart (SQLite)
+/// or by another replica (Redis): the crash window the README describes.
+async fn record(gw: &Gateway, route: &Route, ended: &[(&Leased, Settled)]) {
     let name = &route.config.name;
     let mut pause = Duration::from_millis(100);
     loop {
-        let error = match gw.store.settle(name, leased, settled.clone()).await {
+        let error = match gw.store.settle_all(name, ended).await {
             Ok(()) => return,
             Err(error) => error,
         };
-        tracing::warn!(route = %name, id = %leased.message.id, %error, "cannot record a delivery's end; trying again");
+        tracing::warn!(route = %name, deliveries = ended.len(), %error, "cannot record how deliveries ended; trying again");
         tokio::select! {
             () = gw.abandoned() => return,
             () = tokio::time::sleep(pause) => {}

@@ -460,12 +460,18 @@ impl QueueStore for AnyStore {
         each_queue!(self, s => s.enqueue(route, message, max_queued, processing_ttl))
     }
 
-    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<queue::Lease, StoreError> {
-        each_queue!(self, s => s.lease(route, now_ms, reclaim_after))
+    async fn lease(
+        &self,
+        route: &str,
+        now_ms: u64,
+        reclaim_after: Duration,
+        max: usize,
+    ) -> Result<queue::Lease, StoreError> {
+        each_queue!(self, s => s.lease(route, now_ms, reclaim_after, max))
     }
 
-    async fn settle(&self, route: &str, leased: &queue::Leased, settled: queue::Settled) -> Result<(), StoreError> {
-        each_queue!(self, s => s.settle(route, leased, settled))
+    async fn settle_all(&self, route: &str, ended: &[(&queue::Leased, queue::Settled)]) -> Result<(), StoreError> {
+        each_queue!(self, s => s.settle_all(route, ended))
     }
 
     async fn counts(&self, route: &str, now_ms: u64) -> Result<queue::QueueCounts, StoreError> {

@@ -27,23 +27,34 @@ pub trait QueueStore: Send + Sync + 'static {
         processing_ttl: Duration,
     ) -> impl Future<Output = Result<Enqueued, StoreError>> + Send;
 
-    /// Takes the next message due (at `now_ms`) for delivery, and counts the attempt.
-    /// A message taken before and not settled for `reclaim_after` is taken over: the
-    /// worker (or replica) that had it died, or the call that took it lost its reply.
+    /// Takes up to `max` messages due (at `now_ms`) for delivery, the oldest first, and
+    /// counts their attempts. A message taken before and not settled for
+    /// `reclaim_after` is taken over: the worker (or replica) that had it died, or the
+    /// call that took it lost its reply.
     fn lease(
         &self,
         route: &str,
         now_ms: u64,
         reclaim_after: Duration,
+        max: usize,
     ) -> impl Future<Output = Result<Lease, StoreError>> + Send;
 
-    /// Records how a delivery ended.
+    /// Records how deliveries ended, in one call.
+    fn settle_all(
+        &self,
+        route: &str,
+        ended: &[(&Leased, Settled)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records how one delivery ended.
     fn settle(
         &self,
         route: &str,
         leased: &Leased,
         settled: Settled,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { self.settle_all(route, &[(leased, settled)]).await }
+    }
 
     /// What `route`'s queue holds at `now_ms`.
     fn counts(&self, route: &str, now_ms: u64) -> impl Future<Output = Result<QueueCounts, StoreError>> + Send;
@@ -72,8 +83,8 @@ pub trait QueueStore: Send + Sync + 'static {
 /// What a lease found.
 #[derive(Debug)]
 pub enum Lease {
-    /// A message to deliver now.
-    Leased(Box<Leased>),
+    /// Messages to deliver now (at least one).
+    Leased(Vec<Leased>),
     /// Nothing due; the next scheduled retry (Unix ms), if any.
     Idle { next_due_ms: Option<u64> },
 }

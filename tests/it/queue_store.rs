@@ -31,16 +31,19 @@ fn message(ns: &str, id: &str) -> Message {
 }
 
 async fn lease(store: &impl QueueStore, route: &str) -> Leased {
-    match store.lease(route, unix_ms(), RECLAIM).await.expect("lease") {
-        Lease::Leased(leased) => *leased,
+    match store.lease(route, unix_ms(), RECLAIM, 1).await.expect("lease") {
+        Lease::Leased(mut leased) => {
+            assert_eq!(leased.len(), 1, "at most the 1 asked for");
+            leased.remove(0)
+        }
         Lease::Idle { .. } => panic!("expected a message to lease"),
     }
 }
 
 async fn idle(store: &impl QueueStore, route: &str) -> Option<u64> {
-    match store.lease(route, unix_ms(), RECLAIM).await.expect("lease") {
+    match store.lease(route, unix_ms(), RECLAIM, 8).await.expect("lease") {
         Lease::Idle { next_due_ms } => next_due_ms,
-        Lease::Leased(leased) => panic!("expected nothing due, leased {:?}", leased.message.id),
+        Lease::Leased(leased) => panic!("expected nothing due, leased {:?}", leased[0].message.id),
     }
 }
 
@@ -231,11 +234,11 @@ pub async fn queue_contract(store: &(impl Store + QueueStore), route: &str) {
         Enqueued::Queued
     );
     let short = Duration::from_millis(200);
-    let lost = store.lease(route, unix_ms(), short).await.expect("lease");
-    assert!(matches!(lost, Lease::Leased(l) if l.message.id == "d"));
+    let lost = store.lease(route, unix_ms(), short, 1).await.expect("lease");
+    assert!(matches!(lost, Lease::Leased(l) if l[0].message.id == "d"));
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let again = match store.lease(route, unix_ms(), short).await.expect("lease") {
-        Lease::Leased(again) => *again,
+    let again = match store.lease(route, unix_ms(), short, 1).await.expect("lease") {
+        Lease::Leased(mut again) => again.remove(0),
         Lease::Idle { .. } => panic!("the unsettled message was not taken over"),
     };
     assert_eq!((again.message.id.as_str(), again.message.attempts), ("d", 2));
@@ -243,6 +246,41 @@ pub async fn queue_contract(store: &(impl Store + QueueStore), route: &str) {
         completed_ttl: Duration::from_secs(60),
     };
     store.settle(route, &again, delivered).await.expect("settle");
+
+    // Several taken in one call (up to the number asked for), recorded in one.
+    let batch: Vec<Message> = (1..=3).map(|i| message(route, &format!("b{i}"))).collect();
+    for m in &batch {
+        assert_eq!(
+            store.enqueue(route, m, 10, RECLAIM).await.expect("enqueue"),
+            Enqueued::Queued
+        );
+    }
+    let Lease::Leased(two) = store.lease(route, unix_ms(), RECLAIM, 2).await.expect("lease") else {
+        panic!("nothing leased");
+    };
+    let Lease::Leased(one) = store.lease(route, unix_ms(), RECLAIM, 2).await.expect("lease") else {
+        panic!("nothing leased");
+    };
+    let mut ids: Vec<&str> = two.iter().chain(&one).map(|l| l.message.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!((two.len(), one.len(), ids), (2, 1, vec!["b1", "b2", "b3"]));
+    let ended: Vec<(&Leased, Settled)> = two
+        .iter()
+        .chain(&one)
+        .map(|l| {
+            let delivered = Settled::Delivered {
+                completed_ttl: Duration::from_secs(60),
+            };
+            (l, delivered)
+        })
+        .collect();
+    store.settle_all(route, &ended).await.expect("settle all");
+    for m in &batch {
+        assert!(matches!(
+            store.get(&key(m)).await.expect("get"),
+            Some(Marker::Completed { .. })
+        ));
+    }
 
     // A message queued without a key leaves no marker.
     let mut unkeyed = message(route, "nokey-1");
@@ -334,7 +372,7 @@ async fn in_a_cluster_a_message_whose_marker_is_completed_is_not_delivered_again
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let short = Duration::from_millis(200);
     assert!(matches!(
-        store.lease("r", unix_ms(), short).await.expect("lease"),
+        store.lease("r", unix_ms(), short, 1).await.expect("lease"),
         Lease::Idle { .. }
     ));
     assert_eq!(store.counts("r", unix_ms()).await.expect("counts").total(), 0);

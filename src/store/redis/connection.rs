@@ -249,8 +249,10 @@ pub(super) enum Call<'a> {
     Pipe(&'a redis::Pipeline),
 }
 
-/// A script's key count as `EVALSHA` takes it (no script here has more than 9 keys).
-const KEY_COUNTS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+/// A script's key count as `EVALSHA` takes it (no script here has more than 16 keys).
+const KEY_COUNTS: [&str; 17] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+];
 
 impl Call<'_> {
     pub(super) async fn on<T: FromRedisValue>(&self, conn: &mut impl Conn) -> Result<T, RedisError> {

@@ -187,15 +187,16 @@ impl QueueStore for SqliteStore {
         self.run(move |w| queue::enqueue(w, &route, &message, max_queued)).await
     }
 
-    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<Lease, StoreError> {
+    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration, max: usize) -> Result<Lease, StoreError> {
         let route = route.to_owned();
-        self.run_light(move |w| queue::lease(w, &route, now_ms, reclaim_after))
+        self.run_light(move |w| queue::lease(w, &route, now_ms, reclaim_after, max))
             .await
     }
 
-    async fn settle(&self, route: &str, leased: &Leased, settled: Settled) -> Result<(), StoreError> {
-        let (route, leased) = (route.to_owned(), leased.clone());
-        self.run(move |w| queue::settle(w, &route, &leased, &settled)).await
+    async fn settle_all(&self, route: &str, ended: &[(&Leased, Settled)]) -> Result<(), StoreError> {
+        let route = route.to_owned();
+        let ended: Vec<(Leased, Settled)> = ended.iter().map(|(l, s)| ((*l).clone(), s.clone())).collect();
+        self.run(move |w| queue::settle_all(w, &route, &ended)).await
     }
 
     async fn counts(&self, route: &str, now_ms: u64) -> Result<QueueCounts, StoreError> {

@@ -84,26 +84,35 @@ fn message(row: &Row) -> rusqlite::Result<(Message, i64)> {
     ))
 }
 
-/// Takes the message due first: a ready one, or one a worker took and has not settled
-/// within `reclaim_after` (its lease's `due_ms`: the call that took it may have lost its
-/// reply, or its worker is gone).
-pub(super) fn lease(w: &mut Writer, route: &str, now: u64, reclaim_after: Duration) -> Result<Lease, StoreError> {
+/// Takes up to `max` messages due, the first due first: ready ones, or ones a worker
+/// took and has not settled within `reclaim_after` (their lease's `due_ms`: the call
+/// that took one may have lost its reply, or its worker is gone).
+pub(super) fn lease(
+    w: &mut Writer,
+    route: &str,
+    now: u64,
+    reclaim_after: Duration,
+    max: usize,
+) -> Result<Lease, StoreError> {
     let sql = format!(
-        "UPDATE queue SET state = 'delivering', attempts = attempts + 1, due_ms = ?3 WHERE rowid = \
+        "UPDATE queue SET state = 'delivering', attempts = attempts + 1, due_ms = ?3 WHERE rowid IN \
          (SELECT rowid FROM queue WHERE route = ?1 AND state IN ('ready', 'delivering') AND due_ms <= ?2 \
-         ORDER BY due_ms LIMIT 1) RETURNING {MESSAGE}"
+         ORDER BY due_ms LIMIT ?4) RETURNING {MESSAGE}"
     );
     let until = now.saturating_add(u64::try_from(reclaim_after.as_millis()).unwrap_or(u64::MAX));
-    let taken = w
-        .conn
-        .prepare_cached(&sql)?
-        .query_row(params![route, int(now), int(until)], message)
-        .optional()?;
-    if let Some((message, rowid)) = taken {
-        return Ok(Lease::Leased(Box::new(Leased {
-            message,
-            lease: rowid.to_string(),
-        })));
+    let mut statement = w.conn.prepare_cached(&sql)?;
+    let taken = statement
+        .query_map(params![route, int(now), int(until), int(max as u64)], message)?
+        .map(|row| {
+            row.map(|(message, rowid)| Leased {
+                message,
+                lease: rowid.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    drop(statement);
+    if !taken.is_empty() {
+        return Ok(Lease::Leased(taken));
     }
     let next: Option<i64> = w
         .conn
@@ -114,7 +123,13 @@ pub(super) fn lease(w: &mut Writer, route: &str, now: u64, reclaim_after: Durati
     })
 }
 
-pub(super) fn settle(w: &mut Writer, route: &str, leased: &Leased, settled: &Settled) -> Result<(), StoreError> {
+pub(super) fn settle_all(w: &mut Writer, route: &str, ended: &[(Leased, Settled)]) -> Result<(), StoreError> {
+    ended
+        .iter()
+        .try_for_each(|(leased, settled)| settle(w, route, leased, settled))
+}
+
+fn settle(w: &mut Writer, route: &str, leased: &Leased, settled: &Settled) -> Result<(), StoreError> {
     let m = &leased.message;
     let now = unix_ms();
     let row = params![route, m.id];

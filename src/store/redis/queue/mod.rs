@@ -61,21 +61,22 @@ fn millis(d: Duration) -> u64 {
 const RECLAIM_EVERY_MS: u64 = 1000;
 
 impl RedisStore {
-    /// The marker a script may take: on a standalone Redis, `key`; in a cluster, none.
-    fn scripted<'a>(&self, key: Option<&'a str>) -> Option<&'a str> {
-        if self.cluster { None } else { key }
+    /// The markers a script may take: on a standalone Redis, `markers`; in a cluster
+    /// (another slot), none.
+    fn scripted<'a, 'm>(&self, markers: &'m [&'a str]) -> &'m [&'a str] {
+        if self.cluster { &[] } else { markers }
     }
 
-    /// Runs a queue script with `k`'s keys, `marker` (when the script may take it) and
-    /// `argv`.
+    /// Runs a queue script with `k`'s keys, `markers` (when the script may take them)
+    /// and `argv`.
     async fn script<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
         k: &Keys,
-        marker: Option<&str>,
+        markers: &[&str],
         argv: &[Arg<'_>],
     ) -> Result<T, StoreError> {
-        let (keys, args) = k.args(self.scripted(marker), argv);
+        let (keys, args) = k.args(self.scripted(markers), argv);
         self.call(&self.conns(), Call::Script(script, keys, &args)).await
     }
 
@@ -91,10 +92,14 @@ impl RedisStore {
             Arg::Bytes(&queued),
         ];
         let marker = m.key.as_deref();
+        let markers: &[&str] = match &marker {
+            Some(key) => std::slice::from_ref(key),
+            None => &[],
+        };
         let reply: Vec<Vec<u8>> = if self.wait_replicas == 0 {
-            self.script(&ENQUEUE, k, marker, &argv).await?
+            self.script(&ENQUEUE, k, markers, &argv).await?
         } else {
-            let (keys, args) = k.args(self.scripted(marker), &argv);
+            let (keys, args) = k.args(self.scripted(markers), &argv);
             let mut pipe = redis::pipe();
             pipe.cmd("EVAL").arg(ENQUEUE_SOURCE).arg(keys);
             for arg in &args {
@@ -174,6 +179,7 @@ impl RedisStore {
         k: &Keys,
         now_ms: u64,
         reclaim_after: Duration,
+        max: usize,
     ) -> Result<Lease, StoreError> {
         let reclaim = if self.reclaim_now(route, now_ms) {
             millis(reclaim_after)
@@ -185,8 +191,9 @@ impl RedisStore {
             self.consumer.as_str().into(),
             Arg::Int(reclaim),
             Arg::Int(now_ms),
+            Arg::Int(max as u64),
         ];
-        let leased = match self.script(&LEASE, k, None, &argv).await {
+        let leased = match self.script(&LEASE, k, &[], &argv).await {
             // A stream with no group yet (the enqueue does not make one): made from the
             // stream's start, so it reads every entry there is.
             Err(error) if error.to_string().contains("NOGROUP") => {
@@ -204,41 +211,75 @@ impl RedisStore {
                 {
                     return Err(error);
                 }
-                self.script(&LEASE, k, None, &argv).await
+                self.script(&LEASE, k, &[], &argv).await
             }
             other => other,
         };
-        let (entry, id, raw, attempts, extra): (String, String, Vec<u8>, u32, String) = leased?;
-        if entry.is_empty() {
+        let values: Vec<redis::Value> = leased?;
+        if let [next] = values.as_slice() {
+            let next: String = redis::from_redis_value(next.clone()).unwrap_or_default();
             return Ok(Lease::Idle {
                 // A score comes back as Redis writes a double.
-                next_due_ms: extra.parse::<f64>().ok().map(|ms| ms as u64),
+                next_due_ms: next.parse::<f64>().ok().map(|ms| ms as u64),
             });
         }
-        let last_error = Some(extra).filter(|e| !e.is_empty());
-        let message = decode(id, &raw, attempts, last_error)?;
-        Ok(Lease::Leased(Box::new(Leased { message, lease: entry })))
+        let bad = |e| StoreError::Corrupt(format!("lease reply: {e}"));
+        let mut taken = Vec::with_capacity(values.len() / 5);
+        for five in values.chunks_exact(5) {
+            let (entry, id, raw, attempts, last_error): (String, String, Vec<u8>, u32, String) =
+                redis::from_redis_value(redis::Value::Array(five.to_vec())).map_err(bad)?;
+            let last_error = Some(last_error).filter(|e| !e.is_empty());
+            let message = decode(id, &raw, attempts, last_error)?;
+            taken.push(Leased { message, lease: entry });
+        }
+        Ok(Lease::Leased(taken))
     }
 
-    /// The settle script for `how`. `done` writes the marker COMPLETED first: in the
-    /// script on a standalone Redis, with a call of its own in a cluster.
-    async fn settle_script(&self, k: &Keys, leased: &Leased, how: Settle<'_>) -> Result<(), StoreError> {
+    /// The settle script for `ended`. A `done` writes its marker COMPLETED first: in
+    /// the script on a standalone Redis, with a call of its own in a cluster.
+    async fn settle_script(&self, k: &Keys, ended: &[(&Leased, Settle<'_>)]) -> Result<(), StoreError> {
+        let mut values: Vec<[Vec<u8>; 9]> = Vec::with_capacity(ended.len());
+        for (leased, how) in ended {
+            values.push(self.settle_values(leased, how).await?);
+        }
+        let mut argv: Vec<Arg> = vec![GROUP.into()];
+        argv.extend(values.iter().flatten().map(|v| Arg::Bytes(v)));
+        let markers: Vec<String> = ended.iter().map(|(l, _)| k.marker(&l.message.id)).collect();
+        let markers: Vec<&str> = markers.iter().map(String::as_str).collect();
+        self.script::<redis::Value>(&SETTLE, k, &markers, &argv).await.map(drop)
+    }
+
+    /// Whether `m`'s marker is COMPLETED (read in a cluster before a message taken
+    /// again is delivered).
+    async fn completed_already(&self, m: &Message) -> Result<bool, StoreError> {
+        let Some(key) = &m.key else { return Ok(false) };
+        let raw: Option<Vec<u8>> = self
+            .call(&self.conns(), Call::Cmd("GET", &[key.as_str().into()]))
+            .await?;
+        Ok(matches!(
+            raw.map(|raw| parse_marker(key, &raw)),
+            Some(Marker::Completed { .. })
+        ))
+    }
+
+    /// One delivery's nine values for the settle script (see `scripts`); in a cluster,
+    /// a `done` writes its marker here.
+    async fn settle_values(&self, leased: &Leased, how: &Settle<'_>) -> Result<[Vec<u8>; 9], StoreError> {
         let m = &leased.message;
-        let (mut due, mut error, mut dead, mut completed, mut ttl) = (0, String::new(), Vec::new(), Vec::new(), 1);
-        let mut marker = m.key.as_deref();
-        let what = match how {
-            Settle::Gone => {
-                marker = None;
-                "done"
-            }
+        let number = |n: u64| itoa::Buffer::new().format(n).as_bytes().to_vec();
+        let (mut due, mut error, mut dead, mut completed, mut ttl) = (0, Vec::new(), Vec::new(), Vec::new(), 1);
+        let what: &[u8] = match how {
+            Settle::Gone => b"done",
             Settle::Done(completed_ttl) => {
-                let completion = Completion {
-                    first_seen_ms: m.first_seen_ms,
-                    ttl: completed_ttl,
-                    response: None,
-                };
-                completed = value::completed(&completion, unix_ms());
-                ttl = millis(completed_ttl);
+                ttl = millis(*completed_ttl);
+                if m.key.is_some() {
+                    let completion = Completion {
+                        first_seen_ms: m.first_seen_ms,
+                        ttl: *completed_ttl,
+                        response: None,
+                    };
+                    completed = value::completed(&completion, unix_ms());
+                }
                 if let (true, Some(key)) = (self.cluster, &m.key) {
                     let args = [
                         Arg::from(key.as_str()),
@@ -249,38 +290,36 @@ impl RedisStore {
                     self.call::<redis::Value>(&self.conns(), Call::Cmd("SET", &args))
                         .await?;
                 }
-                "done"
+                b"done"
             }
             Settle::Retry(at, why) => {
-                (due, error) = (at, format!("{}|{why}", m.attempts));
-                "retry"
+                (due, error) = (*at, format!("{}|{why}", m.attempts).into_bytes());
+                b"retry"
             }
             Settle::Dead(why) => {
                 let letter = StoredDead {
                     key: m.key.clone(),
                     attempts: m.attempts,
-                    last_error: Some(why.to_owned()),
+                    last_error: Some((*why).to_owned()),
                     queued_at_ms: m.queued_at_ms,
                     dead_at_ms: unix_ms(),
                 };
                 dead = serde_json::to_vec(&letter).unwrap_or_default();
-                "dead"
+                b"dead"
             }
-            Settle::Return => "return",
+            Settle::Return => b"return",
         };
-        let argv = [
-            Arg::from(what),
-            GROUP.into(),
-            leased.lease.as_str().into(),
-            m.id.as_str().into(),
-            Arg::Int(due),
-            error.as_str().into(),
-            Arg::Bytes(&dead),
-            Arg::Bytes(&completed),
-            Arg::Int(ttl),
-            Arg::Int(u64::from(m.attempts)),
-        ];
-        self.script::<redis::Value>(&SETTLE, k, marker, &argv).await.map(drop)
+        Ok([
+            what.to_vec(),
+            leased.lease.clone().into_bytes(),
+            m.id.clone().into_bytes(),
+            number(due),
+            error,
+            dead,
+            completed,
+            number(ttl),
+            number(u64::from(m.attempts)),
+        ])
     }
 }
 
@@ -313,49 +352,60 @@ impl QueueStore for RedisStore {
         }
     }
 
-    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration) -> Result<Lease, StoreError> {
+    async fn lease(&self, route: &str, now_ms: u64, reclaim_after: Duration, max: usize) -> Result<Lease, StoreError> {
         let k = Keys::new(&self.key_prefix, route);
         loop {
-            let lease = self.lease_once(route, &k, now_ms, reclaim_after).await?;
-            let Lease::Leased(leased) = &lease else {
-                return Ok(lease);
+            let taken = match self.lease_once(route, &k, now_ms, reclaim_after, max).await? {
+                Lease::Leased(taken) => taken,
+                idle => return Ok(idle),
             };
-            // Taken again after a failure or a crash: in a cluster, a crash after the
-            // marker was made COMPLETED left the message behind; it is not delivered
-            // twice.
-            let m = &leased.message;
-            if self.cluster
-                && m.attempts > 1
-                && let Some(key) = &m.key
-            {
-                let raw: Option<Vec<u8>> = self
-                    .call(&self.conns(), Call::Cmd("GET", &[key.as_str().into()]))
-                    .await?;
-                if let Some(Marker::Completed { .. }) = raw.map(|raw| parse_marker(key, &raw)) {
-                    self.settle_script(&k, leased, Settle::Gone).await?;
-                    continue;
+            if !self.cluster {
+                return Ok(Lease::Leased(taken));
+            }
+            // In a cluster, one taken again after a failure or a crash may have its
+            // marker COMPLETED already (the crash came between the marker and the
+            // message's removal): removed, not delivered twice.
+            let mut deliver = Vec::with_capacity(taken.len());
+            let mut gone = Vec::new();
+            for leased in taken {
+                if leased.message.attempts > 1 && self.completed_already(&leased.message).await? {
+                    gone.push(leased);
+                } else {
+                    deliver.push(leased);
                 }
             }
-            return Ok(lease);
+            if !gone.is_empty() {
+                let ended: Vec<(&Leased, Settle)> = gone.iter().map(|l| (l, Settle::Gone)).collect();
+                self.settle_script(&k, &ended).await?;
+            }
+            if !deliver.is_empty() {
+                return Ok(Lease::Leased(deliver));
+            }
         }
     }
 
-    async fn settle(&self, route: &str, leased: &Leased, settled: Settled) -> Result<(), StoreError> {
+    async fn settle_all(&self, route: &str, ended: &[(&Leased, Settled)]) -> Result<(), StoreError> {
         let k = Keys::new(&self.key_prefix, route);
-        let how = match &settled {
-            Settled::Delivered { completed_ttl } => Settle::Done(*completed_ttl),
-            Settled::Retry { due_ms, error } => Settle::Retry(*due_ms, error),
-            Settled::Dead { error } => Settle::Dead(error),
-            Settled::Returned => Settle::Return,
-        };
-        self.settle_script(&k, leased, how).await
+        let ended: Vec<(&Leased, Settle)> = ended
+            .iter()
+            .map(|(leased, settled)| {
+                let how = match settled {
+                    Settled::Delivered { completed_ttl } => Settle::Done(*completed_ttl),
+                    Settled::Retry { due_ms, error } => Settle::Retry(*due_ms, error),
+                    Settled::Dead { error } => Settle::Dead(error),
+                    Settled::Returned => Settle::Return,
+                };
+                (*leased, how)
+            })
+            .collect();
+        self.settle_script(&k, &ended).await
     }
 
     async fn counts(&self, route: &str, now_ms: u64) -> Result<QueueCounts, StoreError> {
         let k = Keys::new(&self.key_prefix, route);
         let argv = [GROUP.into(), Arg::Int(now_ms)];
         let (ready, scheduled, delivering, dead, oldest): (u64, u64, u64, u64, String) =
-            self.script(&COUNTS, &k, None, &argv).await?;
+            self.script(&COUNTS, &k, &[], &argv).await?;
         Ok(QueueCounts {
             ready,
             scheduled,
@@ -391,13 +441,13 @@ impl QueueStore for RedisStore {
 
     async fn retry_dead(&self, route: &str, id: Option<&str>, _now_ms: u64) -> Result<u64, StoreError> {
         let k = Keys::new(&self.key_prefix, route);
-        self.script(&RETRY_DEAD, &k, None, &[id.unwrap_or("").into()]).await
+        self.script(&RETRY_DEAD, &k, &[], &[id.unwrap_or("").into()]).await
     }
 
     async fn drop_dead(&self, route: &str, id: &str) -> Result<bool, StoreError> {
         let k = Keys::new(&self.key_prefix, route);
         let marker = k.marker(id);
-        let dropped: i64 = self.script(&DROP_DEAD, &k, Some(&marker), &[id.into()]).await?;
+        let dropped: i64 = self.script(&DROP_DEAD, &k, &[marker.as_str()], &[id.into()]).await?;
         if dropped == 1 && self.cluster {
             self.call::<redis::Value>(&self.conns(), Call::Cmd("DEL", &[marker.as_str().into()]))
                 .await?;

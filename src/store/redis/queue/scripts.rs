@@ -44,11 +44,11 @@ impl Keys {
         format!("{}{id}", self.marker_prefix)
     }
 
-    /// A script's arguments: the six keys, `marker` as the seventh (standalone
-    /// Redis), then `argv`. How many keys, too.
-    pub(super) fn args<'a>(&'a self, marker: Option<&'a str>, argv: &[Arg<'a>]) -> (usize, Vec<Arg<'a>>) {
+    /// A script's arguments: the six keys, `markers` after them (standalone Redis),
+    /// then `argv`. How many keys, too.
+    pub(super) fn args<'a>(&'a self, markers: &[&'a str], argv: &[Arg<'a>]) -> (usize, Vec<Arg<'a>>) {
         let mut args: Vec<Arg<'a>> = self.all.iter().map(|k| Arg::from(k.as_str())).collect();
-        args.extend(marker.map(Arg::from));
+        args.extend(markers.iter().map(|m| Arg::from(*m)));
         let keys = args.len();
         args.extend_from_slice(argv);
         (keys, args)
@@ -77,10 +77,11 @@ end
 if marker then redis.call('SET', marker, ARGV[5]) end
 return {'queued'}";
 
-/// ARGV: group, consumer, reclaim after (ms; 0: not now), now (ms). Moves due retries
-/// to the stream, then takes one entry (an abandoned one first, when asked) whose
-/// message is still held: {entry id, message id, message, attempts with this one, last
-/// error}, or {'', '', '', 0, next retry's time or ''}. An entry taken over counts the
+/// ARGV: group, consumer, reclaim after (ms; 0: not now), now (ms), at most how many.
+/// Moves due retries to the stream, then takes entries (abandoned ones first, when
+/// asked, trimming the stream then) whose messages are still held: five values each
+/// (entry id, message id, message, attempts with this one, last error); or, when
+/// nothing is due, one: the next retry's time, or ''. An entry taken over counts the
 /// deliveries it had.
 const LEASE_LUA: &str = r"local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[4], 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
@@ -90,6 +91,8 @@ for _, id in ipairs(due) do
   redis.call('HDEL', KEYS[3], id)
   redis.call('XADD', KEYS[1], '*', 'id', id, 'a', string.sub(last, 1, sep - 1), 'e', string.sub(last, sep + 1))
 end
+local max = tonumber(ARGV[5])
+local out = {}
 local function field(fields, name)
   for i = 1, #fields - 1, 2 do
     if fields[i] == name then return fields[i + 1] end
@@ -105,9 +108,12 @@ local function pick(entries, taken_over)
       if taken_over then
         deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)[1][4]
       end
-      return {e[1], id, msg, (tonumber(field(fields, 'a')) or 0) + deliveries, field(fields, 'e') or ''}
+      for _, v in ipairs({e[1], id, msg, (tonumber(field(fields, 'a')) or 0) + deliveries, field(fields, 'e') or ''}) do
+        out[#out + 1] = v
+      end
+    else
+      redis.call('XACK', KEYS[1], ARGV[1], e[1])
     end
-    redis.call('XACK', KEYS[1], ARGV[1], e[1])
   end
 end
 local function before(a, b)
@@ -131,38 +137,44 @@ local function trim()
   redis.call('XTRIM', KEYS[1], 'MINID', last)
 end
 if ARGV[3] ~= '0' then
-  local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', 1)
+  local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', max)
   trim()
-  local got = pick(claimed[2], true)
-  if got then return got end
+  pick(claimed[2], true)
 end
 for _ = 1, 16 do
-  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
+  local want = max - #out / 5
+  if want <= 0 then break end
+  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[1], '>')
   if not read then break end
-  local got = pick(read[1][2], false)
-  if got then return got end
+  pick(read[1][2], false)
 end
+if #out > 0 then return out end
 local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-return {'', '', '', 0, nxt[2] or ''}";
+return {nxt[2] or ''}";
 
-/// ARGV: how (done, retry, dead, return), group, entry id, message id, due (retry),
-/// attempts and error (retry: `<attempts>|<error>`; dead: the error), dead letter
-/// (dead), COMPLETED value and its TTL in ms (done, written to the marker here on a
-/// standalone Redis), attempts so far (return).
-const SETTLE_LUA: &str = r"redis.call('XACK', KEYS[1], ARGV[2], ARGV[3])
-local id = ARGV[4]
-if ARGV[1] == 'done' then
-  if KEYS[7] then redis.call('SET', KEYS[7], ARGV[8], 'PX', ARGV[9]) end
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[4], id)
-elseif ARGV[1] == 'retry' then
-  redis.call('HSET', KEYS[3], id, ARGV[6])
-  redis.call('ZADD', KEYS[5], ARGV[5], id)
-elseif ARGV[1] == 'dead' then
-  redis.call('HSET', KEYS[6], id, ARGV[7])
-  redis.call('ZREM', KEYS[4], id)
-else
-  redis.call('XADD', KEYS[1], '*', 'id', id, 'a', ARGV[10])
+/// ARGV: group, then nine values per delivery: how (done, retry, dead, return), entry
+/// id, message id, due (retry), `<attempts>|<error>` (retry), dead letter (dead),
+/// COMPLETED value ('' to leave the marker) and its TTL in ms (done), attempts so far
+/// (return). On a standalone Redis, `KEYS[7..]` are the deliveries' markers, in order;
+/// a `done` writes its marker here.
+const SETTLE_LUA: &str = r"local markers = #KEYS > 6
+for i = 0, (#ARGV - 1) / 9 - 1 do
+  local a = 1 + i * 9
+  local how, id = ARGV[a + 1], ARGV[a + 3]
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[a + 2])
+  if how == 'done' then
+    if markers and ARGV[a + 7] ~= '' then redis.call('SET', KEYS[7 + i], ARGV[a + 7], 'PX', ARGV[a + 8]) end
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[4], id)
+  elseif how == 'retry' then
+    redis.call('HSET', KEYS[3], id, ARGV[a + 5])
+    redis.call('ZADD', KEYS[5], ARGV[a + 4], id)
+  elseif how == 'dead' then
+    redis.call('HSET', KEYS[6], id, ARGV[a + 6])
+    redis.call('ZREM', KEYS[4], id)
+  else
+    redis.call('XADD', KEYS[1], '*', 'id', id, 'a', ARGV[a + 9])
+  end
 end
 return 1";
 

@@ -4,9 +4,11 @@
 //! One thread owns the connection ([`writer`]): calls are jobs it runs in batches, one
 //! transaction and one commit per batch, so with `fsync = "always"` concurrent calls
 //! share an fsync and every answer leaves after its commit. Tables: [`schema`]. Expired
-//! markers are swept and `max_bytes` kept by [`sweep`]. The marker calls are in
-//! [`markers`], the queue's in [`queue`].
+//! markers are swept and `max_bytes` kept by [`sweep`]; [`checkpoint`] copies the log
+//! into the database from a thread of its own. The marker calls are in [`markers`],
+//! the queue's in [`queue`].
 
+mod checkpoint;
 mod markers;
 mod queue;
 mod schema;
@@ -45,6 +47,8 @@ impl SqliteStore {
             ..Limits::default()
         });
         let (jobs, queue) = mpsc::channel();
+        let (alive, writer_alive) = mpsc::channel::<()>();
+        checkpoint::start(path, writer_alive)?;
         let writer = Writer {
             conn,
             fsync,
@@ -54,7 +58,10 @@ impl SqliteStore {
         };
         std::thread::Builder::new()
             .name("sqlite-store".into())
-            .spawn(move || writer::run(writer, queue))
+            .spawn(move || {
+                let _alive = alive;
+                writer::run(writer, queue);
+            })
             .map_err(|e| StoreError::Unavailable(format!("cannot start the sqlite thread: {e}")))?;
         Ok(SqliteStore {
             jobs,

@@ -90,6 +90,8 @@ pub(super) fn open(path: &Path, fsync: Fsync, busy: Duration) -> Result<Connecti
         )));
     }
     conn.pragma_update(None, "synchronous", synchronous(fsync, true))?;
+    // Checkpoints are the checkpoint thread's (see `checkpoint`), not a commit's.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.execute_batch(schema::CREATE)?;
     // A message a worker had when the last process stopped is due again, now (its
     // due_ms was its lease's end); its attempt was counted when it was taken.

@@ -56,9 +56,20 @@ fn spawn_missing(gw: &Arc<Gateway>, running: &Running) {
             }
             let (gw, running) = (Arc::clone(gw), Arc::clone(running));
             gw.tasks.clone().spawn(async move {
+                // Dropped however the worker ends (a panic too): the supervisor starts
+                // a new one.
+                let _slot = Slot(running, slot.clone());
                 worker::run(&gw, &slot.0, slot.1).await;
-                running.lock().unwrap_or_else(PoisonError::into_inner).remove(&slot);
             });
         }
+    }
+}
+
+/// A running worker's entry in [`Running`], removed when dropped.
+struct Slot(Running, (String, usize));
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.1);
     }
 }

@@ -88,7 +88,11 @@ pub(super) fn settle(
             Some(wait) => {
                 let wait = retry_after.map_or(wait, |asked| wait.max(asked.min(policy.longest_wait())));
                 let fifth = u64::try_from(wait.as_millis() / 5).unwrap_or(u64::MAX);
-                let jitter = if fifth == 0 { 0 } else { jitter % (fifth + 1) };
+                let jitter = if fifth == 0 {
+                    0
+                } else {
+                    jitter % fifth.saturating_add(1)
+                };
                 let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
                 Settled::Retry {
                     due_ms: now_ms.saturating_add(wait_ms).saturating_add(jitter),

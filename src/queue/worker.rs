@@ -197,7 +197,9 @@ async fn record(gw: &Gateway, route: &Route, ended: &[(&Leased, Settled)]) {
             () = gw.abandoned() => return,
             () = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(5));
+        // Well under the reclaim margin: a record late by more than `upstream_timeout`
+        // + 5 s lets another replica deliver the message again.
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 

@@ -135,7 +135,7 @@ pub enum Enqueued {
 pub struct Leased {
     /// `attempts` counts this attempt already.
     pub message: Message,
-    /// Where the store keeps it (a row id, a stream entry id).
+    /// Where the store keeps it (a row id; a stream entry id and its deliveries then).
     pub lease: String,
 }
 
@@ -187,7 +187,9 @@ pub struct DeadLetter {
 /// Unix ms as RFC 3339 (UTC, milliseconds): `X-Dedup-Queued-At`, and the admin API's
 /// times.
 pub fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    // humantime writes years up to 9999 (a later time would be an error, not a string).
+    const LAST_MS: u64 = 253_402_300_799_999;
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms.min(LAST_MS))).to_string()
 }
 
 /// The header block a message stores: `name: value` lines, CR LF each.

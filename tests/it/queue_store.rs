@@ -235,13 +235,29 @@ pub async fn queue_contract(store: &(impl Store + QueueStore), route: &str) {
     );
     let short = Duration::from_millis(200);
     let lost = store.lease(route, unix_ms(), short, 1).await.expect("lease");
-    assert!(matches!(lost, Lease::Leased(l) if l[0].message.id == "d"));
+    assert!(matches!(&lost, Lease::Leased(l) if l[0].message.id == "d"));
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let again = match store.lease(route, unix_ms(), short, 1).await.expect("lease") {
         Lease::Leased(mut again) => again.remove(0),
         Lease::Idle { .. } => panic!("the unsettled message was not taken over"),
     };
     assert_eq!((again.message.id.as_str(), again.message.attempts), ("d", 2));
+    // The first attempt's record, late: it may not re-queue what the second one holds.
+    let first = match lost {
+        Lease::Leased(mut first) => first.remove(0),
+        Lease::Idle { .. } => unreachable!("checked above"),
+    };
+    let late = Settled::Retry {
+        due_ms: unix_ms(),
+        error: "late".into(),
+    };
+    store.settle(route, &first, late).await.expect("settle");
+    let counts = store.counts(route, unix_ms()).await.expect("counts");
+    assert_eq!(
+        (counts.ready, counts.scheduled, counts.delivering),
+        (0, 0, 1),
+        "{counts:?}"
+    );
     let delivered = Settled::Delivered {
         completed_ttl: Duration::from_secs(60),
     };

@@ -123,17 +123,25 @@ pub(super) fn lease(
     })
 }
 
+/// Records how deliveries ended. A message taken over since (its lease ran out and
+/// another attempt took it: `attempts` moved on) is left to that attempt, except that
+/// a 2xx is recorded whoever holds it: the message was delivered.
 pub(super) fn settle_all(w: &mut Writer, route: &str, ended: &[(Leased, Settled)]) -> Result<(), StoreError> {
-    ended
-        .iter()
-        .try_for_each(|(leased, settled)| settle(w, route, leased, settled))
+    let mut gone = 0;
+    for (leased, settled) in ended {
+        gone += settle(w, route, leased, settled)?;
+    }
+    // Counted once every row is written: a failure rolls them all back.
+    w.adjust_held(route, -gone);
+    Ok(())
 }
 
-fn settle(w: &mut Writer, route: &str, leased: &Leased, settled: &Settled) -> Result<(), StoreError> {
+/// One delivery's end; how many messages left the queue.
+fn settle(w: &mut Writer, route: &str, leased: &Leased, settled: &Settled) -> Result<i64, StoreError> {
     let m = &leased.message;
     let now = unix_ms();
-    let row = params![route, m.id];
-    match settled {
+    let attempt = i64::from(m.attempts);
+    let changed = match settled {
         Settled::Delivered { completed_ttl } => {
             if let Some(key) = &m.key {
                 markers::delivered(w, key, m.first_seen_ms, *completed_ttl, now)?;
@@ -141,30 +149,35 @@ fn settle(w: &mut Writer, route: &str, leased: &Leased, settled: &Settled) -> Re
             let gone = w
                 .conn
                 .prepare_cached("DELETE FROM queue WHERE route = ?1 AND id = ?2")?
-                .execute(row)?;
-            w.adjust_held(route, -(gone as i64));
+                .execute(params![route, m.id])?;
+            return Ok(gone as i64);
         }
-        Settled::Retry { due_ms, error } => {
-            w.conn
-                .prepare_cached(
-                    "UPDATE queue SET state = 'ready', due_ms = ?3, last_error = ?4 WHERE route = ?1 AND id = ?2",
-                )?
-                .execute(params![route, m.id, int(*due_ms), error])?;
-        }
-        Settled::Dead { error } => {
-            w.conn
-                .prepare_cached(
-                    "UPDATE queue SET state = 'dead', last_error = ?3, dead_at_ms = ?4 WHERE route = ?1 AND id = ?2",
-                )?
-                .execute(params![route, m.id, error, int(now)])?;
-        }
-        Settled::Returned => {
-            w.conn
-                .prepare_cached("UPDATE queue SET state = 'ready', due_ms = ?3 WHERE route = ?1 AND id = ?2")?
-                .execute(params![route, m.id, int(now)])?;
-        }
+        Settled::Retry { due_ms, error } => w
+            .conn
+            .prepare_cached(
+                "UPDATE queue SET state = 'ready', due_ms = ?4, last_error = ?5 \
+                 WHERE route = ?1 AND id = ?2 AND state = 'delivering' AND attempts = ?3",
+            )?
+            .execute(params![route, m.id, attempt, int(*due_ms), error])?,
+        Settled::Dead { error } => w
+            .conn
+            .prepare_cached(
+                "UPDATE queue SET state = 'dead', last_error = ?4, dead_at_ms = ?5 \
+                 WHERE route = ?1 AND id = ?2 AND state = 'delivering' AND attempts = ?3",
+            )?
+            .execute(params![route, m.id, attempt, error, int(now)])?,
+        Settled::Returned => w
+            .conn
+            .prepare_cached(
+                "UPDATE queue SET state = 'ready', due_ms = ?4 \
+                 WHERE route = ?1 AND id = ?2 AND state = 'delivering' AND attempts = ?3",
+            )?
+            .execute(params![route, m.id, attempt, int(now)])?,
+    };
+    if changed == 0 {
+        tracing::debug!(route, id = %m.id, "delivery taken over since: its end is left to the new attempt");
     }
-    Ok(())
+    Ok(0)
 }
 
 pub(super) fn counts(w: &Writer, route: &str, now: u64) -> Result<QueueCounts, StoreError> {

@@ -101,3 +101,20 @@ pub(super) fn decode(id: String, raw: &[u8], attempts: u32, last_error: Option<S
         id,
     })
 }
+
+/// What stands for a message whose stored value does not read, to make it a dead letter.
+pub(super) fn unreadable_message(id: String, attempts: u32) -> Message {
+    Message {
+        id,
+        key: None,
+        token: Token::from_u128(0),
+        first_seen_ms: 0,
+        queued_at_ms: 0,
+        attempts,
+        method: String::new(),
+        target: String::new(),
+        headers: Bytes::new(),
+        body: Bytes::new(),
+        last_error: None,
+    }
+}

@@ -44,8 +44,8 @@ use super::connection::Call;
 use super::value::{self, parse_marker};
 use crate::store::queue::{DeadLetter, Enqueued, Lease, Leased, Message, QueueCounts, QueueStore, Settled};
 use crate::store::{Claim, Completion, Marker, Store, StoreError, Token, unix_ms};
-use format::{StoredDead, decode, encode};
-use scripts::{COUNTS, DROP_DEAD, ENQUEUE, ENQUEUE_SOURCE, GROUP, Keys, LEASE, RETRY_DEAD, SETTLE};
+use format::{StoredDead, decode, encode, unreadable_message};
+use scripts::{COUNTS, DROP_DEAD, ENQUEUE, ENQUEUE_SOURCE, GROUP, Keys, LEASE, MARK_QUEUED, RETRY_DEAD, SETTLE};
 
 /// A consumer name for a store, unique across replicas and restarts: each store
 /// reads a route's stream as its own consumer of the route's group.
@@ -148,9 +148,9 @@ impl RedisStore {
             let _ = self.release(key, m.token, m.first_seen_ms).await;
             return enqueued;
         }
-        let queued = value::queued(m.first_seen_ms);
-        let args = [Arg::from(key), Arg::Bytes(&queued)];
-        self.call::<redis::Value>(&self.conns(), Call::Cmd("SET", &args))
+        let (prefix, queued) = (value::token_prefix(m.token), value::queued(m.first_seen_ms));
+        let args = [Arg::from(key), Arg::Bytes(&prefix), Arg::Bytes(&queued)];
+        self.call::<redis::Value>(&self.conns(), Call::Script(&MARK_QUEUED, 1, &args))
             .await?;
         Ok(Enqueued::Queued)
     }
@@ -224,13 +224,40 @@ impl RedisStore {
             });
         }
         let bad = |e| StoreError::Corrupt(format!("lease reply: {e}"));
-        let mut taken = Vec::with_capacity(values.len() / 5);
-        for five in values.chunks_exact(5) {
-            let (entry, id, raw, attempts, last_error): (String, String, Vec<u8>, u32, String) =
-                redis::from_redis_value(redis::Value::Array(five.to_vec())).map_err(bad)?;
+        let (mut taken, mut unreadable) = (Vec::with_capacity(values.len() / 6), Vec::new());
+        for six in values.chunks_exact(6) {
+            let (entry, id, raw, attempts, last_error, deliveries): (String, String, Vec<u8>, u32, String, u64) =
+                redis::from_redis_value(redis::Value::Array(six.to_vec())).map_err(bad)?;
             let last_error = Some(last_error).filter(|e| !e.is_empty());
-            let message = decode(id, &raw, attempts, last_error)?;
-            taken.push(Leased { message, lease: entry });
+            // What settles it names: the entry, and how many deliveries it had then.
+            let entry = format!("{entry}/{deliveries}");
+            match decode(id.clone(), &raw, attempts, last_error) {
+                Ok(message) => taken.push(Leased { message, lease: entry }),
+                Err(error) => unreadable.push((unreadable_message(id, attempts), entry, error.to_string())),
+            }
+        }
+        if !unreadable.is_empty() {
+            // Not delivered, and not left to stall the others taken with it: a dead
+            // letter (its stored value stays in `:m` for an operator to read).
+            let leased: Vec<Leased> = unreadable
+                .iter()
+                .map(|(message, entry, _)| Leased {
+                    message: message.clone(),
+                    lease: entry.clone(),
+                })
+                .collect();
+            let ended: Vec<(&Leased, Settle)> = leased
+                .iter()
+                .zip(&unreadable)
+                .map(|(l, (_, _, error))| {
+                    tracing::warn!(route, id = %l.message.id, %error, "unreadable queued message: dead letter");
+                    (l, Settle::Dead(error))
+                })
+                .collect();
+            self.settle_script(k, &ended).await?;
+        }
+        if taken.is_empty() {
+            return Ok(Lease::Idle { next_due_ms: None });
         }
         Ok(Lease::Leased(taken))
     }
@@ -238,11 +265,11 @@ impl RedisStore {
     /// The settle script for `ended`. A `done` writes its marker COMPLETED first: in
     /// the script on a standalone Redis, with a call of its own in a cluster.
     async fn settle_script(&self, k: &Keys, ended: &[(&Leased, Settle<'_>)]) -> Result<(), StoreError> {
-        let mut values: Vec<[Vec<u8>; 9]> = Vec::with_capacity(ended.len());
+        let mut values: Vec<[Vec<u8>; 10]> = Vec::with_capacity(ended.len());
         for (leased, how) in ended {
             values.push(self.settle_values(leased, how).await?);
         }
-        let mut argv: Vec<Arg> = vec![GROUP.into()];
+        let mut argv: Vec<Arg> = vec![GROUP.into(), self.consumer.as_str().into()];
         argv.extend(values.iter().flatten().map(|v| Arg::Bytes(v)));
         let markers: Vec<String> = ended.iter().map(|(l, _)| k.marker(&l.message.id)).collect();
         let markers: Vec<&str> = markers.iter().map(String::as_str).collect();
@@ -262,9 +289,9 @@ impl RedisStore {
         ))
     }
 
-    /// One delivery's nine values for the settle script (see `scripts`); in a cluster,
+    /// One delivery's ten values for the settle script (see `scripts`); in a cluster,
     /// a `done` writes its marker here.
-    async fn settle_values(&self, leased: &Leased, how: &Settle<'_>) -> Result<[Vec<u8>; 9], StoreError> {
+    async fn settle_values(&self, leased: &Leased, how: &Settle<'_>) -> Result<[Vec<u8>; 10], StoreError> {
         let m = &leased.message;
         let number = |n: u64| itoa::Buffer::new().format(n).as_bytes().to_vec();
         let (mut due, mut error, mut dead, mut completed, mut ttl) = (0, Vec::new(), Vec::new(), Vec::new(), 1);
@@ -309,9 +336,10 @@ impl RedisStore {
             }
             Settle::Return => b"return",
         };
+        let (entry, deliveries) = leased.lease.split_once('/').unwrap_or((&leased.lease, "1"));
         Ok([
             what.to_vec(),
-            leased.lease.clone().into_bytes(),
+            entry.as_bytes().to_vec(),
             m.id.clone().into_bytes(),
             number(due),
             error,
@@ -319,6 +347,7 @@ impl RedisStore {
             completed,
             number(ttl),
             number(u64::from(m.attempts)),
+            deliveries.as_bytes().to_vec(),
         ])
     }
 }
@@ -447,11 +476,20 @@ impl QueueStore for RedisStore {
     async fn drop_dead(&self, route: &str, id: &str) -> Result<bool, StoreError> {
         let k = Keys::new(&self.key_prefix, route);
         let marker = k.marker(id);
-        let dropped: i64 = self.script(&DROP_DEAD, &k, &[marker.as_str()], &[id.into()]).await?;
-        if dropped == 1 && self.cluster {
+        if self.cluster {
+            // The marker first: a dead letter left behind by a failure here is dropped
+            // by the operator's next try, and a delivery of its id meanwhile finds the
+            // message held and stores nothing twice.
+            let held: Option<Vec<u8>> = self
+                .call(&self.conns(), Call::Cmd("HGET", &[k.dead().into(), id.into()]))
+                .await?;
+            if held.is_none() {
+                return Ok(false);
+            }
             self.call::<redis::Value>(&self.conns(), Call::Cmd("DEL", &[marker.as_str().into()]))
                 .await?;
         }
+        let dropped: i64 = self.script(&DROP_DEAD, &k, &[marker.as_str()], &[id.into()]).await?;
         Ok(dropped == 1)
     }
 }

@@ -79,10 +79,10 @@ return {'queued'}";
 
 /// ARGV: group, consumer, reclaim after (ms; 0: not now), now (ms), at most how many.
 /// Moves due retries to the stream, then takes entries (abandoned ones first, when
-/// asked, trimming the stream then) whose messages are still held: five values each
-/// (entry id, message id, message, attempts with this one, last error); or, when
-/// nothing is due, one: the next retry's time, or ''. An entry taken over counts the
-/// deliveries it had.
+/// asked, trimming the stream then) whose messages are still held: six values each
+/// (entry id, message id, message, attempts with this one, last error, the entry's
+/// deliveries); or, when nothing is due, one: the next retry's time, or ''. An entry
+/// taken over counts the deliveries it had.
 const LEASE_LUA: &str = r"local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[4], 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
   local last = redis.call('HGET', KEYS[3], id) or '0|'
@@ -108,7 +108,8 @@ local function pick(entries, taken_over)
       if taken_over then
         deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)[1][4]
       end
-      for _, v in ipairs({e[1], id, msg, (tonumber(field(fields, 'a')) or 0) + deliveries, field(fields, 'e') or ''}) do
+      local attempts = (tonumber(field(fields, 'a')) or 0) + deliveries
+      for _, v in ipairs({e[1], id, msg, attempts, field(fields, 'e') or '', deliveries}) do
         out[#out + 1] = v
       end
     else
@@ -142,7 +143,7 @@ if ARGV[3] ~= '0' then
   pick(claimed[2], true)
 end
 for _ = 1, 16 do
-  local want = max - #out / 5
+  local want = max - #out / 6
   if want <= 0 then break end
   local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', KEYS[1], '>')
   if not read then break end
@@ -152,28 +153,40 @@ if #out > 0 then return out end
 local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
 return {nxt[2] or ''}";
 
-/// ARGV: group, then nine values per delivery: how (done, retry, dead, return), entry
-/// id, message id, due (retry), `<attempts>|<error>` (retry), dead letter (dead),
-/// COMPLETED value ('' to leave the marker) and its TTL in ms (done), attempts so far
-/// (return). On a standalone Redis, `KEYS[7..]` are the deliveries' markers, in order;
-/// a `done` writes its marker here.
+/// ARGV: group, consumer, then ten values per delivery: how (done, retry, dead,
+/// return), entry id, message id, due (retry), `<attempts>|<error>` (retry), dead
+/// letter (dead), COMPLETED value ('' to leave the marker) and its TTL in ms (done),
+/// attempts so far (return), the entry's deliveries when it was taken. On a
+/// standalone Redis, `KEYS[7..]` are the deliveries' markers, in order; a `done`
+/// writes its marker here. A `done` is recorded whoever holds the entry now (the
+/// message was delivered); the others only while this delivery still holds it (this
+/// consumer, as many deliveries as when it was taken: else it was taken over, or this
+/// repeats a settle that landed), so a late record never re-queues what another
+/// delivery has.
 const SETTLE_LUA: &str = r"local markers = #KEYS > 6
-for i = 0, (#ARGV - 1) / 9 - 1 do
-  local a = 1 + i * 9
-  local how, id = ARGV[a + 1], ARGV[a + 3]
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[a + 2])
-  if how == 'done' then
-    if markers and ARGV[a + 7] ~= '' then redis.call('SET', KEYS[7 + i], ARGV[a + 7], 'PX', ARGV[a + 8]) end
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[4], id)
-  elseif how == 'retry' then
-    redis.call('HSET', KEYS[3], id, ARGV[a + 5])
-    redis.call('ZADD', KEYS[5], ARGV[a + 4], id)
-  elseif how == 'dead' then
-    redis.call('HSET', KEYS[6], id, ARGV[a + 6])
-    redis.call('ZREM', KEYS[4], id)
-  else
-    redis.call('XADD', KEYS[1], '*', 'id', id, 'a', ARGV[a + 9])
+for i = 0, (#ARGV - 2) / 10 - 1 do
+  local a = 2 + i * 10
+  local how, entry, id = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local ours = how == 'done'
+  if not ours then
+    local held = redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1)[1]
+    ours = held ~= nil and held[2] == ARGV[2] and held[4] == tonumber(ARGV[a + 10])
+  end
+  if ours then
+    redis.call('XACK', KEYS[1], ARGV[1], entry)
+    if how == 'done' then
+      if markers and ARGV[a + 7] ~= '' then redis.call('SET', KEYS[7 + i], ARGV[a + 7], 'PX', ARGV[a + 8]) end
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('ZREM', KEYS[4], id)
+    elseif how == 'retry' then
+      redis.call('HSET', KEYS[3], id, ARGV[a + 5])
+      redis.call('ZADD', KEYS[5], ARGV[a + 4], id)
+    elseif how == 'dead' then
+      redis.call('HSET', KEYS[6], id, ARGV[a + 6])
+      redis.call('ZREM', KEYS[4], id)
+    else
+      redis.call('XADD', KEYS[1], '*', 'id', id, 'a', ARGV[a + 9])
+    end
   end
 end
 return 1";
@@ -220,6 +233,16 @@ for _, id in ipairs(ids) do
 end
 return n";
 
+/// KEYS: a marker. ARGV: the PROCESSING value's prefix up to the token, the QUEUED
+/// value. QUEUED only while the marker is still the claim's (in a cluster, the marker
+/// is written after the message, and a delivery may have completed it meanwhile).
+const MARK_QUEUED_LUA: &str = r"local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0";
+
 /// ARGV: id. Drops a dead letter (and, with the marker key, its marker); returns
 /// whether there was one.
 const DROP_DEAD_LUA: &str = r"if redis.call('HDEL', KEYS[6], ARGV[1]) == 0 then return 0 end
@@ -234,6 +257,7 @@ pub(super) static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(SETTLE
 pub(super) static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::new(COUNTS_LUA));
 pub(super) static RETRY_DEAD: LazyLock<Script> = LazyLock::new(|| Script::new(RETRY_DEAD_LUA));
 pub(super) static DROP_DEAD: LazyLock<Script> = LazyLock::new(|| Script::new(DROP_DEAD_LUA));
+pub(super) static MARK_QUEUED: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_QUEUED_LUA));
 
 /// The enqueue script's source, for `EVAL` in a pipeline with `WAIT`.
 pub(super) const ENQUEUE_SOURCE: &str = ENQUEUE_LUA;

@@ -45,6 +45,12 @@ const OWNERS: usize = 4;
 const KEYS: usize = 3;
 /// One unit of virtual time, in milliseconds.
 const UNIT: u64 = 10_000;
+/// How far behind ours the server's clock may be when it sets a TTL: it stamps a command
+/// with the time its event loop last read the wall clock, so a server descheduled on a
+/// loaded 2-core CI machine, or a wall-clock step, sets a TTL from an older clock (seen
+/// once in CI: a PTTL 130 ms short in a case that had run under 80 ms). Far below what
+/// a wrong TTL would show: the TTLs here differ in `UNIT`s.
+const SERVER_CLOCK_SLACK_MS: i64 = 500;
 const PROCESSING_TTL: [u64; 2] = [2 * UNIT, 5 * UNIT];
 const COMPLETED_TTL: [u64; 2] = [3 * UNIT, 50 * UNIT];
 
@@ -457,14 +463,9 @@ impl<S: Store> Subject<'_, S> {
             }
         }
         if let Some(redis) = self.redis {
-            // A TTL is the model's: real time only shortens it, by at most what passed,
-            // plus the server's clock slack. The server stamps a command with the time
-            // its event loop last read the (wall) clock, so a server descheduled on a
-            // loaded 2-core CI machine, or a wall-clock step, sets a TTL from a clock
-            // ~100 ms behind ours (seen once in CI: a PTTL 130 ms short in a case that
-            // had run under 80 ms). 500 ms stays far below what a wrong TTL would show:
-            // the TTLs here differ in 10 s units.
-            let drift = self.started.elapsed().as_millis() as i64 + 500;
+            // A TTL is the model's: real time only shortens it, by at most what passed
+            // plus the server's clock slack.
+            let drift = self.started.elapsed().as_millis() as i64 + SERVER_CLOCK_SLACK_MS;
             for (k, key) in self.keys.iter().enumerate() {
                 let pttl = redis.cmd(&["PTTL", key]).await;
                 match model.live(k) {
